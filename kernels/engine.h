@@ -1,0 +1,106 @@
+// The engine interface: what the server hands a device, and what every
+// backend (the OpenBLAS CPU engine, the CUDA persistent-kernel engine,
+// cuBLAS) implements.
+//
+// An engine runs a batch of GEMM problems whose shapes may differ:
+//
+//   std::vector<matmul::GemmProblem> batch = ...;   // pointers into host memory
+//   std::vector<absl::Status> status(batch.size());
+//   engine->Run(batch, absl::MakeSpan(status));      // blocks until done
+//
+// Each problem computes D = alpha * op(A) * op(B) + beta * C on dense,
+// row-major host matrices. An engine owns one device (or the host's cores);
+// the server runs one worker per engine.
+#ifndef MATMUL_KERNELS_ENGINE_H_
+#define MATMUL_KERNELS_ENGINE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kernels/dtype.h"
+
+namespace matmul {
+
+// One product D = alpha * op(A) * op(B) + beta * C. op(A) is m x k, op(B) is
+// k x n, C and D are m x n. A is stored row-major as m x k, or as k x m when
+// transpose_a is set (likewise B); matrices are dense (leading dimension =
+// stored column count). A and B have `input_type`; C and D have
+// `output_type`. C is read only when beta != 0 and may be null otherwise.
+struct GemmProblem {
+  DType input_type = DType::kFloat32;
+  DType output_type = DType::kFloat32;
+  Precision precision = Precision::kDefault;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  bool transpose_a = false;
+  bool transpose_b = false;
+  double alpha = 1.0;
+  double beta = 0.0;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const void* c = nullptr;
+  void* d = nullptr;
+};
+
+// Floating-point operations of one problem (2*m*n*k).
+inline double ProblemFlops(const GemmProblem& p) {
+  return 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) *
+         static_cast<double>(p.k);
+}
+
+// Bytes the problem reads and writes (A, B, C when used, D).
+uint64_t ProblemBytes(const GemmProblem& p);
+
+// Leading dimensions of the dense row-major storage.
+inline int64_t LeadingDimA(const GemmProblem& p) { return p.transpose_a ? p.m : p.k; }
+inline int64_t LeadingDimB(const GemmProblem& p) { return p.transpose_b ? p.k : p.n; }
+
+// What a device is, for logs, metrics labels and GetServerInfo.
+struct DeviceDescription {
+  // Stable identifier, e.g. "cpu:0", "cuda:0"; used as the metrics label.
+  std::string id;
+  // Human name, e.g. "NVIDIA H200" or the CPU model.
+  std::string name;
+  // "cpu" or "cuda".
+  std::string kind;
+  // Device memory in bytes (host memory for the CPU).
+  uint64_t memory_bytes = 0;
+  // Streaming multiprocessors, or host threads used.
+  uint32_t compute_units = 0;
+  // "9.0" for a CUDA device, empty for the CPU.
+  std::string compute_capability;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // The device this engine drives.
+  virtual const DeviceDescription& Device() const = 0;
+
+  // Engine family, e.g. "cpu-openblas" or "cuda-persistent-sm90".
+  virtual absl::string_view Name() const = 0;
+
+  // Runs every problem of `problems` and writes each one's outcome to the
+  // matching element of `status` (same length). Blocks until the results
+  // are in host memory. Safe to call from several threads at once; each call
+  // is an independent batch.
+  virtual void Run(absl::Span<const GemmProblem> problems,
+                   absl::Span<absl::Status> status) = 0;
+
+  // Largest ProblemBytes() one problem may ever have on this engine (its
+  // device budget); 0 means no limit beyond host memory.
+  virtual uint64_t MaxProblemBytes() const { return 0; }
+
+  // False once the device failed beyond recovery; the server stops sending
+  // it work and health reports it.
+  virtual bool Healthy() const { return true; }
+};
+
+}  // namespace matmul
+
+#endif  // MATMUL_KERNELS_ENGINE_H_

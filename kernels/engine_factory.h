@@ -1,0 +1,52 @@
+// Picks and creates the engines a server runs: one per device worker.
+//
+//   matmul::EngineOptions options;
+//   options.backend = "auto";            // CUDA when a usable GPU is present
+//   absl::StatusOr<matmul::EngineSet> set = matmul::CreateEngines(options);
+//   for (auto& engine : set->engines) { ... one worker each ... }
+#ifndef MATMUL_KERNELS_ENGINE_FACTORY_H_
+#define MATMUL_KERNELS_ENGINE_FACTORY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/engine.h"
+
+namespace matmul {
+
+struct EngineOptions {
+  // "auto" (CUDA when usable, CPU otherwise), "cpu" or "cuda".
+  std::string backend = "auto";
+  // CUDA device ordinals to serve from; empty means every visible GPU. An
+  // ordinal may repeat to run several workers on one GPU.
+  std::vector<int> cuda_devices;
+  // Share of each GPU's free memory the engine's pool takes at start-up.
+  double gpu_memory_fraction = 0.8;
+  // CUDA kernel family: "persistent" (our grouped persistent kernels),
+  // "nonpersistent" (same tiles, one CTA per tile) or "cublas".
+  std::string cuda_kernels = "persistent";
+  // CPU workers (engines); each runs whole batches with OpenBLAS.
+  int cpu_workers = 1;
+  // OpenBLAS threads; 0 means all cores.
+  int cpu_threads = 0;
+};
+
+struct EngineSet {
+  // "cpu" or "cuda": the backend actually chosen.
+  std::string backend;
+  // One engine per worker.
+  std::vector<std::unique_ptr<Engine>> engines;
+  // Why "auto" fell back to the CPU, for the start-up log; empty otherwise.
+  std::string fallback_reason;
+};
+
+// True when this binary was built with the CUDA engine.
+bool BuiltWithCuda();
+
+absl::StatusOr<EngineSet> CreateEngines(const EngineOptions& options);
+
+}  // namespace matmul
+
+#endif  // MATMUL_KERNELS_ENGINE_FACTORY_H_
