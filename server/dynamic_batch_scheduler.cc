@@ -1,0 +1,312 @@
+#include "server/dynamic_batch_scheduler.h"
+
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace matmul::server {
+
+int PickDevice(absl::Span<const DeviceLoad> devices) {
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(devices.size()); ++i) {
+    const DeviceLoad& d = devices[i];
+    if (!d.healthy || d.free_lanes <= 0) continue;
+    if (best < 0) {
+      best = i;
+      continue;
+    }
+    const DeviceLoad& b = devices[best];
+    if (d.outstanding_flops < b.outstanding_flops ||
+        (d.outstanding_flops == b.outstanding_flops && d.free_lanes > b.free_lanes)) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+absl::StatusOr<std::unique_ptr<DynamicBatchScheduler>> DynamicBatchScheduler::Create(
+    const Options& options, std::vector<Engine*> engines, Metrics* metrics) {
+  if (engines.empty()) return absl::InvalidArgumentError("scheduler needs at least one engine");
+  if (options.lanes_per_device < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lanes_per_device must be >= 1, got ", options.lanes_per_device));
+  }
+  if (options.queue.capacity < 1) {
+    return absl::InvalidArgumentError("queue_capacity must be >= 1");
+  }
+  if (options.queue.max_batch_size < 1) {
+    return absl::InvalidArgumentError("max_batch_size must be >= 1");
+  }
+  if (options.queue.max_queue_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("max_queue_delay must be >= 0");
+  }
+  return std::unique_ptr<DynamicBatchScheduler>(
+      new DynamicBatchScheduler(options, std::move(engines), metrics));
+}
+
+DynamicBatchScheduler::DynamicBatchScheduler(const Options& options, std::vector<Engine*> engines,
+                                             Metrics* metrics)
+    : options_(options), metrics_(metrics), queue_(options.queue) {
+  absl::MutexLock lock(&mu_);
+  devices_ = std::vector<DeviceState>(engines.size());
+  for (size_t d = 0; d < engines.size(); ++d) {
+    devices_[d].engine = engines[d];
+    devices_[d].load.free_lanes = options_.lanes_per_device;
+    devices_[d].load.healthy = engines[d]->Healthy();
+    devices_[d].last_change = absl::Now();
+    for (int lane = 0; lane < options_.lanes_per_device; ++lane) {
+      devices_[d].lanes.emplace_back([this, d] { LaneLoop(static_cast<int>(d)); });
+    }
+  }
+  scheduler_thread_ = std::thread([this] { SchedulerLoop(); });
+}
+
+DynamicBatchScheduler::~DynamicBatchScheduler() { Stop(); }
+
+void DynamicBatchScheduler::Stop() {
+  absl::MutexLock stop_lock(&stop_mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  std::vector<std::unique_ptr<Job>> leftover;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    leftover = queue_.TakeAll();
+    scheduler_cv_.SignalAll();
+    lanes_cv_.SignalAll();
+  }
+  Fail(std::move(leftover), absl::UnavailableError("server is shutting down"),
+       RejectReason::kShutdown);
+  scheduler_thread_.join();
+  std::vector<std::thread> lanes;
+  {
+    absl::MutexLock lock(&mu_);
+    for (DeviceState& d : devices_) {
+      for (std::thread& t : d.lanes) lanes.push_back(std::move(t));
+    }
+  }
+  for (std::thread& t : lanes) t.join();
+}
+
+absl::Status DynamicBatchScheduler::Submit(std::unique_ptr<Job> job) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_ || draining_) {
+    if (metrics_ != nullptr) metrics_->Rejected(RejectReason::kShutdown);
+    return absl::UnavailableError("server is shutting down; retry on another replica");
+  }
+  if (!AnyHealthyLocked()) {
+    return absl::UnavailableError("no healthy device to run on");
+  }
+  absl::Status status = queue_.Push(job, absl::Now());
+  if (!status.ok()) {
+    if (metrics_ != nullptr) metrics_->Rejected(RejectReason::kQueueFull);
+    return status;
+  }
+  ++accepted_;
+  if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());
+  wake_ = true;
+  scheduler_cv_.Signal();
+  return absl::OkStatus();
+}
+
+bool DynamicBatchScheduler::Cancel(uint64_t id) {
+  std::unique_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = queue_.Remove(id);
+    if (job == nullptr) return false;
+    if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());
+    wake_ = true;
+    scheduler_cv_.Signal();
+  }
+  // gRPC cancels a call whose deadline passes; its timers work in whole
+  // milliseconds and can fire just before the deadline we hold.
+  constexpr absl::Duration kTimerSlack = absl::Milliseconds(5);
+  const bool expired = absl::Now() + kTimerSlack >= job->deadline;
+  std::vector<std::unique_ptr<Job>> jobs;
+  jobs.push_back(std::move(job));
+  if (expired) {
+    Fail(std::move(jobs), absl::DeadlineExceededError("deadline passed while the request was queued"),
+         RejectReason::kDeadline);
+  } else {
+    Fail(std::move(jobs), absl::CancelledError("cancelled by the client while queued"),
+         RejectReason::kCancelled);
+  }
+  return true;
+}
+
+bool DynamicBatchScheduler::Drain(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+  wake_ = true;
+  scheduler_cv_.Signal();
+  auto all_ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return accepted_ == 0; };
+  return mu_.AwaitWithDeadline(absl::Condition(&all_ended), deadline);
+}
+
+size_t DynamicBatchScheduler::QueueDepth() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size();
+}
+
+bool DynamicBatchScheduler::AnyHealthyLocked() const {
+  for (const DeviceState& d : devices_) {
+    if (d.load.healthy) return true;
+  }
+  return false;
+}
+
+void DynamicBatchScheduler::UpdateBusyLocked(int device, absl::Time now) {
+  DeviceState& d = devices_[device];
+  if (d.running > 0 && metrics_ != nullptr) {
+    metrics_->AddDeviceBusy(device, absl::ToDoubleSeconds(now - d.last_change));
+  }
+  d.last_change = now;
+}
+
+void DynamicBatchScheduler::Fail(std::vector<std::unique_ptr<Job>> jobs,
+                                 const absl::Status& status, RejectReason reason) {
+  if (jobs.empty()) return;
+  for (std::unique_ptr<Job>& job : jobs) {
+    JobOutcome outcome;
+    outcome.status = status;
+    job->on_done(outcome);
+    if (metrics_ != nullptr) metrics_->Rejected(reason);
+  }
+  absl::MutexLock lock(&mu_);
+  accepted_ -= static_cast<int64_t>(jobs.size());
+}
+
+void DynamicBatchScheduler::SchedulerLoop() {
+  mu_.Lock();
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    std::vector<std::unique_ptr<Job>> expired = queue_.TakeExpired(now);
+    std::vector<std::unique_ptr<Job>> stranded;
+    if (!AnyHealthyLocked()) stranded = queue_.TakeAll();
+
+    std::vector<DeviceLoad> loads;
+    int device;
+    while (true) {
+      loads.clear();
+      for (const DeviceState& d : devices_) loads.push_back(d.load);
+      device = PickDevice(loads);
+      if (device < 0) break;
+      std::vector<std::unique_ptr<Job>> jobs = queue_.TakeBatch(now, draining_);
+      if (jobs.empty()) break;
+      Batch batch;
+      for (const auto& job : jobs) batch.flops += ProblemFlops(job->problem);
+      batch.jobs = std::move(jobs);
+      batch.dispatched = now;
+      DeviceState& d = devices_[device];
+      --d.load.free_lanes;
+      d.load.outstanding_flops += batch.flops;
+      d.inbox.push_back(std::move(batch));
+      lanes_cv_.SignalAll();
+    }
+    if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());
+
+    if (!expired.empty() || !stranded.empty()) {
+      mu_.Unlock();
+      Fail(std::move(expired),
+           absl::DeadlineExceededError("deadline passed while the request was queued"),
+           RejectReason::kDeadline);
+      Fail(std::move(stranded), absl::UnavailableError("no healthy device to run on"),
+           RejectReason::kShutdown);
+      mu_.Lock();
+      continue;
+    }
+
+    // With a free lane, wake for the next batch or deadline; with none, only
+    // for deadlines (a lane finishing sets wake_).
+    const absl::Time wake = device >= 0 ? queue_.NextEvent() : queue_.NextDeadline();
+    while (!wake_ && !stopping_ && absl::Now() < wake) {
+      scheduler_cv_.WaitWithDeadline(&mu_, wake);
+    }
+    wake_ = false;
+  }
+  mu_.Unlock();
+}
+
+void DynamicBatchScheduler::LaneLoop(int device) {
+  while (true) {
+    Batch batch;
+    {
+      absl::MutexLock lock(&mu_);
+      while (devices_[device].inbox.empty() && !stopping_) lanes_cv_.Wait(&mu_);
+      DeviceState& d = devices_[device];
+      if (d.inbox.empty()) return;  // Stopping, and nothing left to run.
+      batch = std::move(d.inbox.front());
+      d.inbox.pop_front();
+      UpdateBusyLocked(device, absl::Now());
+      ++d.running;
+    }
+    RunBatch(device, std::move(batch));
+  }
+}
+
+void DynamicBatchScheduler::RunBatch(int device, Batch batch) {
+  Engine* engine;
+  {
+    absl::MutexLock lock(&mu_);
+    engine = devices_[device].engine;
+  }
+  const size_t n = batch.jobs.size();
+  std::vector<absl::Status> status(n);
+  // Jobs whose output could be allocated go to the engine; the others fail.
+  std::vector<GemmProblem> problems;
+  std::vector<size_t> runnable;
+  problems.reserve(n);
+  runnable.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    Job& job = *batch.jobs[i];
+    try {
+      job.output->resize(job.output_bytes);
+    } catch (const std::bad_alloc&) {
+      status[i] = absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", job.output_bytes, " bytes for the result"));
+      continue;
+    }
+    job.problem.d = job.output->data();
+    problems.push_back(job.problem);
+    runnable.push_back(i);
+  }
+  const absl::Time start = absl::Now();
+  if (!problems.empty()) {
+    std::vector<absl::Status> engine_status(problems.size());
+    engine->Run(problems, absl::MakeSpan(engine_status));
+    for (size_t r = 0; r < runnable.size(); ++r) status[runnable[r]] = std::move(engine_status[r]);
+  }
+  const absl::Time end = absl::Now();
+  const std::string& device_id = engine->Device().id;
+  for (size_t i = 0; i < n; ++i) {
+    Job& job = *batch.jobs[i];
+    JobOutcome outcome;
+    outcome.status = std::move(status[i]);
+    outcome.queue_time = start - job.arrival;
+    outcome.compute_time = end - start;
+    outcome.batch_size = static_cast<uint32_t>(n);
+    outcome.device = device_id;
+    if (metrics_ != nullptr) metrics_->QueueTime(absl::ToDoubleSeconds(outcome.queue_time));
+    job.on_done(outcome);
+  }
+  if (metrics_ != nullptr && !batch.jobs.empty()) {
+    metrics_->BatchFinished(device, n, batch.flops, absl::ToDoubleSeconds(end - start),
+                            batch.jobs.front()->problem.input_type);
+  }
+  const bool healthy = engine->Healthy();
+  absl::MutexLock lock(&mu_);
+  DeviceState& d = devices_[device];
+  UpdateBusyLocked(device, absl::Now());
+  --d.running;
+  ++d.load.free_lanes;
+  d.load.outstanding_flops -= batch.flops;
+  if (d.load.healthy && !healthy && metrics_ != nullptr) metrics_->SetDeviceHealthy(device, false);
+  d.load.healthy = healthy;
+  accepted_ -= static_cast<int64_t>(n);
+  wake_ = true;
+  scheduler_cv_.Signal();
+}
+
+}  // namespace matmul::server

@@ -1,0 +1,153 @@
+// The dynamic batch scheduler: owns the job queue, forms batches and hands
+// each one to the least-loaded device worker.
+//
+// One scheduler thread applies the JobQueue policy (delay, size and work
+// limits, priorities, deadlines) and dispatches; every device has `lanes`
+// worker threads, each running one batch at a time on the device's engine
+// (two lanes let one batch's copies overlap the next one's compute).
+//
+//   auto scheduler = DynamicBatchScheduler::Create(options, engines, &metrics);
+//   auto job = std::make_unique<Job>();
+//   job->id = (*scheduler)->NewJobId();
+//   ... fill the job ...
+//   absl::Status s = (*scheduler)->Submit(std::move(job));
+//   // !s.ok(): refused (queue full, draining); on_done will not run.
+//   (*scheduler)->Cancel(id);  // a queued job ends CANCELLED at once
+//
+// Every submitted job's on_done runs exactly once: with the result, or with
+// DEADLINE_EXCEEDED (deadline passed while queued), CANCELLED (cancelled
+// while queued), UNAVAILABLE (no healthy device, or shut down).
+#ifndef MATMUL_SERVER_DYNAMIC_BATCH_SCHEDULER_H_
+#define MATMUL_SERVER_DYNAMIC_BATCH_SCHEDULER_H_
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kernels/engine.h"
+#include "server/job.h"
+#include "server/job_queue.h"
+#include "server/metrics.h"
+
+namespace matmul::server {
+
+// What the dispatcher knows of one device when it places a batch.
+struct DeviceLoad {
+  // Lanes (worker threads) not running a batch.
+  int free_lanes = 0;
+  // FLOPs of the batches the device is running now.
+  double outstanding_flops = 0;
+  // False once the engine failed.
+  bool healthy = true;
+};
+
+// The device for the next batch: among healthy devices with a free lane,
+// the one with the least outstanding work; ties go to more free lanes, then
+// to the lower index. -1 when none can take it.
+int PickDevice(absl::Span<const DeviceLoad> devices);
+
+class DynamicBatchScheduler {
+ public:
+  struct Options {
+    JobQueue::Options queue;
+    // Concurrent batches per device.
+    int lanes_per_device = 1;
+  };
+
+  // `engines` must outlive the scheduler; `metrics` may be null.
+  static absl::StatusOr<std::unique_ptr<DynamicBatchScheduler>> Create(
+      const Options& options, std::vector<Engine*> engines, Metrics* metrics);
+
+  // Stop()s.
+  ~DynamicBatchScheduler();
+
+  // Fails every job still queued with UNAVAILABLE, lets running batches
+  // finish (their jobs end normally), and stops the threads. Later Submits
+  // are refused with UNAVAILABLE. Idempotent.
+  void Stop();
+
+  uint64_t NewJobId() { return next_id_.fetch_add(1, std::memory_order_relaxed); }
+
+  // Queues a job. RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE
+  // when draining or no device is healthy; on error `on_done` is not called
+  // and the job is destroyed.
+  absl::Status Submit(std::unique_ptr<Job> job);
+
+  // Ends a queued job with CANCELLED (its on_done runs in this call). A job
+  // already running is left alone: it completes and its owner drops the
+  // result. Returns whether the job was still queued. A job whose deadline
+  // has passed ends DEADLINE_EXCEEDED instead (gRPC cancels calls whose
+  // deadline passes, and that race must not change the answer).
+  bool Cancel(uint64_t id);
+
+  // Stops taking jobs, releases queued ones without waiting for companions,
+  // and waits until every accepted job has ended or `deadline` passes.
+  // Returns whether everything ended.
+  bool Drain(absl::Time deadline);
+
+  // Jobs waiting in the queue.
+  size_t QueueDepth() const;
+
+ private:
+  struct Batch {
+    std::vector<std::unique_ptr<Job>> jobs;
+    double flops = 0;
+    absl::Time dispatched;
+  };
+  struct DeviceState {
+    Engine* engine;
+    DeviceLoad load;
+    // Batches handed to this device, waiting for a lane.
+    std::deque<Batch> inbox;
+    // Lane threads.
+    std::vector<std::thread> lanes;
+    // Batches running now, and when that count last changed (busy time).
+    int running = 0;
+    absl::Time last_change;
+  };
+
+  DynamicBatchScheduler(const Options& options, std::vector<Engine*> engines, Metrics* metrics);
+
+  void SchedulerLoop();
+  void LaneLoop(int device);
+  void RunBatch(int device, Batch batch);
+  // Ends jobs outside the lock.
+  void Fail(std::vector<std::unique_ptr<Job>> jobs, const absl::Status& status,
+            RejectReason reason);
+  bool AnyHealthyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the time since the last change to the device's busy time.
+  void UpdateBusyLocked(int device, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  Metrics* const metrics_;
+  std::atomic<uint64_t> next_id_{1};
+
+  mutable absl::Mutex mu_;
+  // Signalled whenever the scheduler has something to look at.
+  absl::CondVar scheduler_cv_;
+  // Signalled when a device's inbox gets a batch or on stop.
+  absl::CondVar lanes_cv_;
+  JobQueue queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<DeviceState> devices_ ABSL_GUARDED_BY(mu_);
+  // Set by Submit/Cancel/lanes; cleared by the scheduler when it looks.
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Jobs submitted and not yet ended.
+  int64_t accepted_ ABSL_GUARDED_BY(mu_) = 0;
+
+  std::thread scheduler_thread_;
+  // Guards the joining of threads in Stop().
+  absl::Mutex stop_mu_;
+  bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;
+};
+
+}  // namespace matmul::server
+
+#endif  // MATMUL_SERVER_DYNAMIC_BATCH_SCHEDULER_H_

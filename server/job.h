@@ -1,0 +1,82 @@
+// A job: one validated multiply waiting for, or running on, an engine.
+//
+// The caller (a gRPC reactor) keeps the request and response alive until
+// `on_done` runs; the job only points into them. `on_done` runs exactly once,
+// from whichever component ends the job: the scheduler (queue full,
+// deadline, cancellation, shutdown) or a worker (result ready).
+//
+//   auto job = std::make_unique<Job>();
+//   job->problem = validated.problem;
+//   job->output = response->mutable_c()->mutable_data();
+//   job->output_bytes = validated.output_bytes;
+//   job->on_done = [](const JobOutcome& outcome) { ... Finish(...) ... };
+//   scheduler->Submit(std::move(job));
+#ifndef MATMUL_SERVER_JOB_H_
+#define MATMUL_SERVER_JOB_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "kernels/engine.h"
+
+namespace matmul::server {
+
+// How a job ended.
+struct JobOutcome {
+  // OK, or why there is no result.
+  absl::Status status;
+  // Arrival to start of its batch (0 when it never ran).
+  absl::Duration queue_time;
+  // Engine time of its batch.
+  absl::Duration compute_time;
+  // Problems in its batch (0 when it never ran).
+  uint32_t batch_size = 0;
+  // Device that ran it, e.g. "cuda:0"; empty when it never ran.
+  std::string device;
+};
+
+// Jobs with equal keys may share a batch (one engine launch): same input
+// and output dtype and precision.
+struct BatchKey {
+  DType input = DType::kFloat32;
+  DType output = DType::kFloat32;
+  Precision precision = Precision::kDefault;
+  bool operator==(const BatchKey&) const = default;
+};
+
+inline BatchKey KeyOf(const GemmProblem& p) {
+  // Precision only changes float32 arithmetic; elsewhere it is ignored so
+  // that it does not split batches.
+  return {p.input_type, p.output_type,
+          p.input_type == DType::kFloat32 ? p.precision : Precision::kDefault};
+}
+
+struct Job {
+  // Unique per scheduler; used to cancel. Set by the submitter from
+  // DynamicBatchScheduler::NewJobId().
+  uint64_t id = 0;
+  // The product; `problem.d` is set by the worker once `output` is sized.
+  GemmProblem problem;
+  // Where the result goes; resized to `output_bytes` by the worker (off the
+  // gRPC threads) just before the engine runs.
+  std::string* output = nullptr;
+  uint64_t output_bytes = 0;
+  // Higher runs first.
+  int32_t priority = 0;
+  // When the request reached the server.
+  absl::Time arrival = absl::InfinitePast();
+  // Answer DEADLINE_EXCEEDED if still queued at this time.
+  absl::Time deadline = absl::InfiniteFuture();
+  // Called exactly once when the job ends.
+  absl::AnyInvocable<void(const JobOutcome&)> on_done;
+
+  // Set by the queue when the job enters it.
+  absl::Time enqueued = absl::InfinitePast();
+};
+
+}  // namespace matmul::server
+
+#endif  // MATMUL_SERVER_JOB_H_

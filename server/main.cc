@@ -1,0 +1,243 @@
+// matmul-server: the matrix-multiply service.
+//
+// Every flag can also come from the environment as MATMUL_<FLAG NAME IN
+// CAPITALS> (e.g. MATMUL_BACKEND=cpu); a command-line flag wins over the
+// environment.
+#include <glog/logging.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "matmul/build_info.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address to serve on (host:port; port 0 picks a free one).");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9090",
+          "Address of the Prometheus /metrics endpoint (plain HTTP); empty turns it off.");
+ABSL_FLAG(std::string, backend, "auto",
+          "Engine: auto (CUDA when a usable GPU is present, CPU otherwise), cpu or cuda.");
+ABSL_FLAG(std::string, devices, "",
+          "CUDA device ordinals to serve from, comma-separated (default: all). Repeating an "
+          "ordinal (0,0) runs several workers on one GPU.");
+ABSL_FLAG(double, gpu_memory_fraction, 0.8,
+          "Share of each GPU's free memory taken for the engine's pool at start-up.");
+ABSL_FLAG(std::string, cuda_kernels, "persistent",
+          "CUDA kernels: persistent (grouped persistent kernels), nonpersistent, or cublas.");
+ABSL_FLAG(int, cpu_workers, 1, "CPU engine workers (each runs whole batches with OpenBLAS).");
+ABSL_FLAG(int, cpu_threads, 0, "OpenBLAS threads; 0 uses every core.");
+ABSL_FLAG(int, lanes_per_device, 0,
+          "Batches running at once per device; 0 picks 1 on the CPU, 2 on a GPU (copies of one "
+          "overlap the next one's compute).");
+ABSL_FLAG(int, max_batch_size, 64, "Most problems in one batch (one engine launch).");
+ABSL_FLAG(int64_t, max_queue_delay_us, 100,
+          "Longest the oldest queued job waits for companions before its batch goes; 0 sends "
+          "whatever is queued as soon as a worker is free.");
+ABSL_FLAG(double, max_batch_flops, 0,
+          "Work budget of one batch in FLOPs (2*M*N*K summed); a larger problem runs alone. 0 "
+          "picks 2e10 on the CPU, 1e12 on a GPU.");
+ABSL_FLAG(int, queue_capacity, 1024,
+          "Most jobs waiting in the queue; more are refused at once with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_queued_bytes, int64_t{4} << 30,
+          "Most operand bytes waiting in the queue; more are refused with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_request_bytes, int64_t{256} << 20,
+          "Largest request message accepted (the default fits 4096x4096 float32 A, B and C).");
+ABSL_FLAG(int64_t, max_response_bytes, int64_t{256} << 20, "Largest result matrix, in bytes.");
+ABSL_FLAG(int64_t, max_dim, 65536, "Largest rows or cols of any matrix.");
+ABSL_FLAG(int64_t, default_timeout_ms, 0,
+          "Deadline for calls that carry none, in ms; 0 means none.");
+ABSL_FLAG(int64_t, priority_aging_ms, 100,
+          "A queued job gains one priority level per this many ms of waiting, so low priorities "
+          "still progress; 0 turns aging off.");
+ABSL_FLAG(int, max_stream_inflight, 128,
+          "Most items of one MultiplyStream queued or running at once.");
+ABSL_FLAG(double, shutdown_grace_s, 30,
+          "On SIGTERM/SIGINT: seconds to answer accepted requests before exiting.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, write \"<grpc port> <metrics port>\" to this file once serving.");
+
+extern char** environ;
+
+namespace {
+
+// Applies MATMUL_<NAME> environment variables to flags of that name.
+void ApplyEnvironment() {
+  for (char** env = environ; *env != nullptr; ++env) {
+    const absl::string_view entry(*env);
+    if (!absl::StartsWith(entry, "MATMUL_")) continue;
+    const size_t eq = entry.find('=');
+    if (eq == absl::string_view::npos) continue;
+    const std::string name = absl::AsciiStrToLower(entry.substr(7, eq - 7));
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) continue;
+    std::string error;
+    if (!flag->ParseFrom(entry.substr(eq + 1), &error)) {
+      LOG(FATAL) << "environment " << entry.substr(0, eq) << ": " << error;
+    }
+  }
+}
+
+absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text) {
+  std::vector<int> devices;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int ordinal;
+    if (!absl::SimpleAtoi(part, &ordinal) || ordinal < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--devices: \"", part, "\" is not a device ordinal (0, 1, ...)"));
+    }
+    devices.push_back(ordinal);
+  }
+  return devices;
+}
+
+absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
+  matmul::server::ServerConfig config;
+  config.listen = absl::GetFlag(FLAGS_listen);
+  config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  config.engine.backend = absl::GetFlag(FLAGS_backend);
+  absl::StatusOr<std::vector<int>> devices = ParseDevices(absl::GetFlag(FLAGS_devices));
+  if (!devices.ok()) return devices.status();
+  config.engine.cuda_devices = *devices;
+  config.engine.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
+  config.engine.cuda_kernels = absl::GetFlag(FLAGS_cuda_kernels);
+  config.engine.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
+  config.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  config.lanes_per_device = absl::GetFlag(FLAGS_lanes_per_device);
+  auto non_negative = [](absl::string_view name, int64_t v) -> absl::Status {
+    if (v < 0) return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 0"));
+    return absl::OkStatus();
+  };
+  for (auto [name, value] :
+       {std::pair<absl::string_view, int64_t>{"max_queue_delay_us",
+                                              absl::GetFlag(FLAGS_max_queue_delay_us)},
+        {"default_timeout_ms", absl::GetFlag(FLAGS_default_timeout_ms)},
+        {"priority_aging_ms", absl::GetFlag(FLAGS_priority_aging_ms)},
+        {"max_queued_bytes", absl::GetFlag(FLAGS_max_queued_bytes)},
+        {"max_request_bytes", absl::GetFlag(FLAGS_max_request_bytes)},
+        {"max_response_bytes", absl::GetFlag(FLAGS_max_response_bytes)},
+        {"max_dim", absl::GetFlag(FLAGS_max_dim)},
+        {"max_batch_size", absl::GetFlag(FLAGS_max_batch_size)},
+        {"queue_capacity", absl::GetFlag(FLAGS_queue_capacity)}}) {
+    if (absl::Status s = non_negative(name, value); !s.ok()) return s;
+  }
+  config.queue.max_batch_size = static_cast<size_t>(absl::GetFlag(FLAGS_max_batch_size));
+  config.queue.max_queue_delay = absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
+  config.queue.max_batch_flops = absl::GetFlag(FLAGS_max_batch_flops);
+  config.queue.capacity = static_cast<size_t>(absl::GetFlag(FLAGS_queue_capacity));
+  config.queue.max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_queued_bytes));
+  config.queue.priority_aging = absl::Milliseconds(absl::GetFlag(FLAGS_priority_aging_ms));
+  config.max_request_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_request_bytes));
+  config.limits.max_response_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_response_bytes));
+  config.limits.max_dim = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_dim));
+  config.default_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_default_timeout_ms));
+  config.max_stream_inflight = absl::GetFlag(FLAGS_max_stream_inflight);
+  return config;
+}
+
+void LogStartup(const matmul::server::MatmulServer& server) {
+  const matmul::server::ServerConfig& c = server.config();
+  const matmul::v1::ServerInfo info = server.Info();
+  LOG(INFO) << "matmul-server " << MATMUL_VERSION << " (" << MATMUL_BUILD_COMMIT
+            << "), engine " << info.engine() << ", backend " << server.backend();
+  for (const auto& d : info.devices()) {
+    LOG(INFO) << "device " << d.id() << ": " << d.name() << ", "
+              << d.memory_bytes() / (1 << 20) << " MiB, " << d.compute_units()
+              << (d.kind() == "cuda" ? " SMs, compute capability " + d.compute_capability()
+                                     : std::string(" threads"));
+  }
+  LOG(INFO) << "batching: max_batch_size=" << c.queue.max_batch_size
+            << " max_queue_delay=" << c.queue.max_queue_delay
+            << " max_batch_flops=" << c.queue.max_batch_flops
+            << " queue_capacity=" << c.queue.capacity
+            << " lanes_per_device=" << c.lanes_per_device;
+  LOG(INFO) << "limits: max_dim=" << c.limits.max_dim
+            << " max_request_bytes=" << c.max_request_bytes
+            << " max_response_bytes=" << c.limits.max_response_bytes
+            << " default_timeout=" << c.default_timeout;
+  LOG(INFO) << "serving gRPC on port " << server.port() << " (" << c.listen << ")"
+            << (server.metrics_port() > 0
+                    ? absl::StrCat(", metrics on http://", c.metrics_listen.substr(
+                                                              0, c.metrics_listen.rfind(':')),
+                                   ":", server.metrics_port(), "/metrics")
+                    : std::string(", metrics endpoint off"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  absl::SetProgramUsageMessage(
+      "matmul-server: serves matrix multiplies over gRPC (matmul.v1.MatmulService) with "
+      "dynamic batching, on CUDA GPUs or the CPU.\nEvery flag may also be set from the "
+      "environment as MATMUL_<FLAG> (e.g. MATMUL_BACKEND=cpu).");
+  ApplyEnvironment();
+  absl::ParseCommandLine(argc, argv);
+
+  // Block the stop signals in every thread; one thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<matmul::server::ServerConfig> config = ConfigFromFlags();
+  if (!config.ok()) {
+    LOG(ERROR) << config.status().message();
+    return 2;
+  }
+  absl::StatusOr<matmul::EngineSet> engines = matmul::CreateEngines(config->engine);
+  if (!engines.ok()) {
+    LOG(ERROR) << "no engine: " << engines.status().message();
+    return 1;
+  }
+  if (!engines->fallback_reason.empty()) {
+    LOG(INFO) << "no usable GPU (" << engines->fallback_reason << "); using the CPU engine";
+  }
+  absl::StatusOr<std::unique_ptr<matmul::server::MatmulServer>> server =
+      matmul::server::MatmulServer::Create(*config, *std::move(engines));
+  if (!server.ok()) {
+    LOG(ERROR) << "cannot start: " << server.status().message();
+    return 1;
+  }
+  LogStartup(**server);
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    const std::string tmp = path + ".tmp";
+    std::ofstream(tmp) << (*server)->port() << " " << (*server)->metrics_port() << "\n";
+    std::rename(tmp.c_str(), path.c_str());
+  }
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s));
+  LOG(INFO) << "received " << strsignal(signal_number) << "; draining for up to " << grace
+            << " (send it again to stop at once)";
+  std::thread([&stop_signals] {
+    int again = 0;
+    sigwait(&stop_signals, &again);
+    LOG(WARNING) << "second " << strsignal(again) << "; stopping without finishing the drain";
+    _exit(1);
+  }).detach();
+  const bool drained = (*server)->Shutdown(grace);
+  if (drained) {
+    LOG(INFO) << "every accepted request answered; exiting";
+  } else {
+    LOG(WARNING) << "grace period over; requests still queued were answered UNAVAILABLE";
+  }
+  return 0;
+}

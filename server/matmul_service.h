@@ -1,0 +1,87 @@
+// The matmul.v1.MatmulService implementation on gRPC's callback API.
+//
+// A call is validated on the gRPC thread (sizes only), becomes a Job and is
+// submitted to the scheduler; the worker that finishes the job finishes the
+// call. No gRPC thread ever waits for compute.
+//
+//   MatmulServiceImpl service(options, scheduler, metrics, info_fn);
+//   builder.RegisterService(&service);
+//   ...
+//   service.StartDraining();   // new calls: UNAVAILABLE; accepted ones finish
+#ifndef MATMUL_SERVER_MATMUL_SERVICE_H_
+#define MATMUL_SERVER_MATMUL_SERVICE_H_
+
+#include <atomic>
+#include <functional>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "matmul/v1/matmul.grpc.pb.h"
+#include "server/dynamic_batch_scheduler.h"
+#include "server/metrics.h"
+#include "server/request_validation.h"
+
+namespace matmul::server {
+
+class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
+ public:
+  struct Options {
+    RequestLimits limits;
+    // Deadline for calls that carry none; zero means none.
+    absl::Duration default_timeout = absl::ZeroDuration();
+    // Most items of one stream queued or running at once; the stream stops
+    // reading (flow control pushes back on the client) beyond it.
+    int max_stream_inflight = 128;
+  };
+
+  // `scheduler` and `metrics` must outlive the service; `info` builds the
+  // GetServerInfo answer.
+  MatmulServiceImpl(const Options& options, DynamicBatchScheduler* scheduler, Metrics* metrics,
+                    std::function<v1::ServerInfo()> info);
+
+  grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
+                                     const v1::MultiplyRequest* request,
+                                     v1::MultiplyResponse* response) override;
+  grpc::ServerBidiReactor<v1::MultiplyRequest, v1::MultiplyResponse>* MultiplyStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::ServerInfo* response) override;
+
+  // New calls and new stream items get UNAVAILABLE; open streams end once
+  // their accepted items are answered.
+  void StartDraining();
+
+ private:
+  class UnaryCall;
+  class StreamCall;
+
+  // Validates `request`, prepares `response` and submits a job that calls
+  // `done` when it ends. On error nothing was submitted and `done` will not
+  // run. `*job_id` is set before submission.
+  absl::Status Submit(const v1::MultiplyRequest& request, v1::MultiplyResponse* response,
+                      absl::Time arrival, absl::Time deadline, uint64_t* job_id,
+                      absl::AnyInvocable<void(const JobOutcome&)> done);
+  // The earlier of the call's own deadline and arrival + default timeout.
+  absl::Time DeadlineFor(const grpc::CallbackServerContext& context, absl::Time arrival) const;
+  // Counts a call or item that ended with `status` after arriving at `arrival`.
+  void Record(absl::string_view method, const absl::Status& status, absl::Time arrival);
+
+  const Options options_;
+  DynamicBatchScheduler* const scheduler_;
+  Metrics* const metrics_;
+  const std::function<v1::ServerInfo()> info_;
+  std::atomic<bool> draining_{false};
+
+  absl::Mutex streams_mu_;
+  // Open streams, told when draining starts.
+  absl::flat_hash_set<StreamCall*> streams_ ABSL_GUARDED_BY(streams_mu_);
+};
+
+// absl::Status and grpc::Status share their codes.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace matmul::server
+
+#endif  // MATMUL_SERVER_MATMUL_SERVICE_H_

@@ -1,0 +1,94 @@
+// Prometheus metrics of the server, in base units, histograms (not
+// summaries) so that fleets can aggregate them.
+//
+//   auto registry = std::make_shared<prometheus::Registry>();
+//   matmul::server::Metrics metrics(registry, {"cpu:0"}, build_labels);
+//   metrics.RequestFinished("Multiply", grpc::StatusCode::OK, 0.003);
+//
+// The names and labels are a contract with dashboards and alerts
+// (deploy/grafana, deploy/prometheus): change them only with those.
+#ifndef MATMUL_SERVER_METRICS_H_
+#define MATMUL_SERVER_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/dtype.h"
+
+namespace matmul::server {
+
+// Why a request was refused or ended without a result; the `reason` label.
+enum class RejectReason { kQueueFull, kDeadline, kCancelled, kInvalid, kTooLarge, kShutdown };
+
+class Metrics {
+ public:
+  // `device_ids` label the per-device series ("cpu:0", "cuda:0", ...).
+  // `build` labels the build-info gauge (version, commit, backend, ...).
+  Metrics(std::shared_ptr<prometheus::Registry> registry, const std::vector<std::string>& device_ids,
+          const std::map<std::string, std::string>& build);
+
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  // One finished call (or one stream item): its gRPC status code name and
+  // time from arrival to response.
+  void RequestFinished(absl::string_view method, int grpc_code, double seconds);
+  // Time a job spent queued before its batch started.
+  void QueueTime(double seconds);
+  // One batch finished on device `device` (index into device_ids).
+  void BatchFinished(int device, size_t size, double flops, double compute_seconds, DType dtype);
+  void Rejected(RejectReason reason);
+  void BytesReceived(uint64_t bytes) { bytes_received_->Increment(static_cast<double>(bytes)); }
+  void BytesSent(uint64_t bytes) { bytes_sent_->Increment(static_cast<double>(bytes)); }
+  void SetQueueDepth(size_t jobs) { queue_depth_->Set(static_cast<double>(jobs)); }
+  void AddInflight(int delta) { inflight_->Increment(delta); }
+  // Wall time device `device` spent running at least one batch; the rate of
+  // matmul_device_busy_seconds_total is its utilisation (0..1).
+  void AddDeviceBusy(int device, double seconds) { device_busy_[device]->Increment(seconds); }
+  // 1 for a healthy device, 0 once it failed.
+  void SetDeviceHealthy(int device, bool healthy);
+
+  // Bucket boundaries of the latency histograms: 50 us to 30 s.
+  static const prometheus::Histogram::BucketBoundaries& LatencyBuckets();
+
+ private:
+  // Owner of every family below; exposed at /metrics.
+  std::shared_ptr<prometheus::Registry> registry_;
+  // Device ids in worker order, for label lookups.
+  std::vector<std::string> device_ids_;
+
+  prometheus::Family<prometheus::Counter>& requests_total_;
+  prometheus::Family<prometheus::Histogram>& request_duration_;
+  // Histograms keyed by method, created on first use (guarded by mu_).
+  absl::Mutex mu_;
+  std::map<std::string, prometheus::Histogram*, std::less<>> request_duration_by_method_
+      ABSL_GUARDED_BY(mu_);
+  prometheus::Histogram* queue_duration_;
+  // Per device, in device order.
+  std::vector<prometheus::Histogram*> compute_duration_;
+  std::vector<prometheus::Counter*> device_busy_;
+  std::vector<prometheus::Gauge*> device_healthy_;
+  // Per device x dtype.
+  std::vector<std::vector<prometheus::Counter*>> flops_total_;
+  std::vector<prometheus::Counter*> batches_total_;
+  prometheus::Histogram* batch_size_;
+  prometheus::Histogram* batch_flops_;
+  prometheus::Gauge* queue_depth_;
+  prometheus::Gauge* inflight_;
+  std::vector<prometheus::Counter*> rejected_;  // Indexed by RejectReason.
+  prometheus::Counter* bytes_received_;
+  prometheus::Counter* bytes_sent_;
+};
+
+}  // namespace matmul::server
+
+#endif  // MATMUL_SERVER_METRICS_H_

@@ -1,0 +1,179 @@
+#include "server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <climits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "matmul/build_info.h"
+
+namespace matmul::server {
+namespace {
+
+constexpr char kServiceName[] = "matmul.v1.MatmulService";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Create(ServerConfig config) {
+  absl::StatusOr<EngineSet> engines = CreateEngines(config.engine);
+  if (!engines.ok()) return engines.status();
+  return Create(std::move(config), *std::move(engines));
+}
+
+absl::StatusOr<std::unique_ptr<MatmulServer>> MatmulServer::Create(ServerConfig config,
+                                                                   EngineSet engines) {
+  if (engines.engines.empty()) return absl::InvalidArgumentError("no engine to serve with");
+  if (config.max_request_bytes == 0 || config.max_request_bytes > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_request_bytes must be in [1, ", INT_MAX, "], got ", config.max_request_bytes));
+  }
+  if (config.limits.max_dim == 0 || config.limits.max_dim > INT_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_dim must be in [1, ", INT_MAX, "], got ", config.limits.max_dim));
+  }
+  if (config.max_stream_inflight < 1) {
+    return absl::InvalidArgumentError("max_stream_inflight must be >= 1");
+  }
+  std::unique_ptr<MatmulServer> server(new MatmulServer(std::move(config), std::move(engines)));
+  if (absl::Status status = server->Start(); !status.ok()) return status;
+  return server;
+}
+
+MatmulServer::MatmulServer(ServerConfig config, EngineSet engines)
+    : config_(std::move(config)), engines_(std::move(engines)) {}
+
+MatmulServer::~MatmulServer() { Shutdown(absl::ZeroDuration()); }
+
+absl::Status MatmulServer::Start() {
+  const bool cuda = engines_.backend == "cuda";
+  if (config_.lanes_per_device <= 0) config_.lanes_per_device = cuda ? 2 : 1;
+  if (config_.queue.max_batch_flops <= 0) config_.queue.max_batch_flops = cuda ? 1e12 : 2e10;
+  uint64_t max_problem_bytes = 0;
+  for (const auto& engine : engines_.engines) {
+    const uint64_t limit = engine->MaxProblemBytes();
+    if (limit > 0 && (max_problem_bytes == 0 || limit > max_problem_bytes)) {
+      max_problem_bytes = limit;
+    }
+  }
+  config_.limits.max_problem_bytes = max_problem_bytes;
+
+  std::vector<std::string> device_ids;
+  std::vector<Engine*> engines;
+  for (const auto& engine : engines_.engines) {
+    device_ids.push_back(engine->Device().id);
+    engines.push_back(engine.get());
+  }
+  registry_ = std::make_shared<prometheus::Registry>();
+  metrics_ = std::make_unique<Metrics>(
+      registry_, device_ids,
+      std::map<std::string, std::string>{{"version", MATMUL_VERSION},
+                                         {"commit", MATMUL_BUILD_COMMIT},
+                                         {"backend", engines_.backend},
+                                         {"engine", std::string(engines.front()->Name())}});
+  if (!config_.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
+        MetricsEndpoint::Create(config_.metrics_listen, registry_);
+    if (!endpoint.ok()) return endpoint.status();
+    metrics_endpoint_ = *std::move(endpoint);
+    metrics_port_ = metrics_endpoint_->port();
+  }
+
+  DynamicBatchScheduler::Options scheduler_options;
+  scheduler_options.queue = config_.queue;
+  scheduler_options.lanes_per_device = config_.lanes_per_device;
+  absl::StatusOr<std::unique_ptr<DynamicBatchScheduler>> scheduler =
+      DynamicBatchScheduler::Create(scheduler_options, engines, metrics_.get());
+  if (!scheduler.ok()) return scheduler.status();
+  scheduler_ = *std::move(scheduler);
+
+  MatmulServiceImpl::Options service_options;
+  service_options.limits = config_.limits;
+  service_options.default_timeout = config_.default_timeout;
+  service_options.max_stream_inflight = config_.max_stream_inflight;
+  service_ = std::make_unique<MatmulServiceImpl>(service_options, scheduler_.get(), metrics_.get(),
+                                                 [this] { return Info(); });
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config_.max_request_bytes));
+  builder.SetMaxSendMessageSize(-1);
+  // A second server on a busy port must fail, not share it silently.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Let clients keep idle connections alive with pings every 10 s or more.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || port_ == 0) {
+    grpc_server_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.listen,
+                                               " (address in use or not available)"));
+  }
+  grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  health->SetServingStatus(kServiceName, true);
+  return absl::OkStatus();
+}
+
+v1::ServerInfo MatmulServer::Info() const {
+  v1::ServerInfo info;
+  info.set_version(MATMUL_VERSION);
+  info.set_build_commit(MATMUL_BUILD_COMMIT);
+  info.set_engine(std::string(engines_.engines.front()->Name()));
+  for (const auto& engine : engines_.engines) {
+    const DeviceDescription& d = engine->Device();
+    v1::DeviceInfo* device = info.add_devices();
+    device->set_id(d.id);
+    device->set_name(d.name);
+    device->set_kind(d.kind);
+    device->set_memory_bytes(d.memory_bytes);
+    device->set_compute_units(d.compute_units);
+    device->set_compute_capability(d.compute_capability);
+    device->set_healthy(engine->Healthy());
+  }
+  for (v1::DType t : {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT64, v1::DTYPE_FLOAT16,
+                      v1::DTYPE_BFLOAT16}) {
+    info.add_supported_dtypes(t);
+  }
+  v1::Limits* limits = info.mutable_limits();
+  limits->set_max_dim(config_.limits.max_dim);
+  limits->set_max_request_bytes(config_.max_request_bytes);
+  limits->set_max_response_bytes(config_.limits.max_response_bytes);
+  v1::BatchingSettings* batching = info.mutable_batching();
+  batching->set_max_batch_size(static_cast<uint32_t>(config_.queue.max_batch_size));
+  batching->set_max_queue_delay_us(absl::ToInt64Microseconds(config_.queue.max_queue_delay));
+  batching->set_max_batch_flops(config_.queue.max_batch_flops);
+  batching->set_queue_capacity(static_cast<uint32_t>(config_.queue.capacity));
+  batching->set_default_timeout_ms(absl::ToInt64Milliseconds(config_.default_timeout));
+  batching->set_priority_aging_ms(absl::ToInt64Milliseconds(config_.queue.priority_aging));
+  return info;
+}
+
+bool MatmulServer::Shutdown(absl::Duration grace) {
+  absl::MutexLock lock(&shutdown_mu_);
+  if (shut_down_) return drained_;
+  shut_down_ = true;
+  const absl::Time deadline = absl::Now() + grace;
+  if (grpc_server_ != nullptr) {
+    grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+    health->SetServingStatus("", false);
+    health->SetServingStatus(kServiceName, false);
+  }
+  if (service_ != nullptr) service_->StartDraining();
+  drained_ = scheduler_ == nullptr || scheduler_->Drain(deadline);
+  // Whatever is still queued ends UNAVAILABLE; running batches finish.
+  if (scheduler_ != nullptr) scheduler_->Stop();
+  if (grpc_server_ != nullptr) {
+    // Responses already finished are still being written: give them the
+    // rest of the grace period, and at least a moment.
+    grpc_server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now() + absl::Seconds(1))));
+    grpc_server_->Wait();
+  }
+  return drained_;
+}
+
+}  // namespace matmul::server

@@ -1,0 +1,96 @@
+// matmul-server as a library: engines, scheduler, gRPC service, health,
+// reflection and the Prometheus endpoint, wired together.
+//
+//   ServerConfig config;
+//   config.listen = "127.0.0.1:0";           // port 0: pick a free one
+//   auto server = MatmulServer::Create(config);
+//   int port = (*server)->port();
+//   ...
+//   (*server)->Shutdown(absl::Seconds(30));  // graceful drain
+#ifndef MATMUL_SERVER_SERVER_H_
+#define MATMUL_SERVER_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kernels/engine_factory.h"
+#include "server/dynamic_batch_scheduler.h"
+#include "server/matmul_service.h"
+#include "server/metrics.h"
+#include "server/metrics_endpoint.h"
+
+namespace matmul::server {
+
+struct ServerConfig {
+  // gRPC address; port 0 picks a free port (see MatmulServer::port()).
+  std::string listen = "0.0.0.0:50051";
+  // Prometheus /metrics address; empty turns the endpoint off.
+  std::string metrics_listen = "0.0.0.0:9090";
+  // Which engines to run (backend, devices, workers).
+  EngineOptions engine;
+  // Concurrent batches per device; 0 picks 1 for the CPU, 2 for CUDA.
+  int lanes_per_device = 0;
+  // Batching and queue policy. max_batch_flops <= 0 picks a default per
+  // backend (CPU 2e10, CUDA 1e12).
+  JobQueue::Options queue;
+  // Largest request message gRPC accepts.
+  uint64_t max_request_bytes = 256ull << 20;
+  // Request size limits (max_dim, max_response_bytes).
+  RequestLimits limits;
+  absl::Duration default_timeout = absl::ZeroDuration();
+  int max_stream_inflight = 128;
+};
+
+class MatmulServer {
+ public:
+  // Creates the engines named by config.engine and starts serving.
+  static absl::StatusOr<std::unique_ptr<MatmulServer>> Create(ServerConfig config);
+  // Same, with engines made by the caller (tests use fakes).
+  static absl::StatusOr<std::unique_ptr<MatmulServer>> Create(ServerConfig config,
+                                                              EngineSet engines);
+
+  // Shutdown(0) when not done yet.
+  ~MatmulServer();
+
+  // The bound gRPC port.
+  int port() const { return port_; }
+  // The bound metrics port; 0 when the endpoint is off.
+  int metrics_port() const { return metrics_port_; }
+  const std::string& backend() const { return engines_.backend; }
+  const ServerConfig& config() const { return config_; }
+  v1::ServerInfo Info() const;
+
+  // Graceful stop: health turns NOT_SERVING, new calls get UNAVAILABLE,
+  // every accepted request is answered, then the server stops. Whatever is
+  // still queued after `grace` ends UNAVAILABLE. Returns whether everything
+  // accepted was answered in time. Idempotent.
+  bool Shutdown(absl::Duration grace);
+
+ private:
+  MatmulServer(ServerConfig config, EngineSet engines);
+  absl::Status Start();
+
+  ServerConfig config_;
+  EngineSet engines_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
+  std::unique_ptr<DynamicBatchScheduler> scheduler_;
+  std::unique_ptr<MatmulServiceImpl> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int port_ = 0;
+  int metrics_port_ = 0;
+
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  bool drained_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace matmul::server
+
+#endif  // MATMUL_SERVER_SERVER_H_
