@@ -1,0 +1,114 @@
+#include "client/matmul_client.h"
+
+#include <condition_variable>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+
+namespace matmul::client {
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(const ClientOptions& options) {
+  if (options.target.empty()) return absl::InvalidArgumentError("target is empty");
+  if (options.load_balancing != "pick_first" && options.load_balancing != "round_robin") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "load_balancing must be pick_first or round_robin, got ", options.load_balancing));
+  }
+  if (options.max_attempts < 1 || options.max_attempts > 5) {
+    return absl::InvalidArgumentError("max_attempts must be in [1, 5]");
+  }
+  if (options.channels < 1) return absl::InvalidArgumentError("channels must be >= 1");
+  std::string service_config = absl::StrFormat(
+      R"({"loadBalancingConfig": [{"%s": {}}]})", options.load_balancing);
+  if (options.max_attempts > 1) {
+    service_config = absl::StrFormat(
+        R"({"loadBalancingConfig": [{"%s": {}}],
+            "methodConfig": [{"name": [{"service": "matmul.v1.MatmulService"}],
+              "retryPolicy": {"maxAttempts": %d, "initialBackoff": "0.05s",
+                              "maxBackoff": "1s", "backoffMultiplier": 2,
+                              "retryableStatusCodes": ["UNAVAILABLE"]}}]})",
+        options.load_balancing, options.max_attempts);
+  }
+  std::unique_ptr<MatmulClient> client(new MatmulClient(options));
+  for (int i = 0; i < options.channels; ++i) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(options.max_message_bytes);
+    args.SetMaxSendMessageSize(options.max_message_bytes);
+    args.SetServiceConfigJSON(service_config);
+    // Distinct channels get distinct connections.
+    args.SetInt("matmul.channel_index", i);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // Retries buffer the request; allow large ones.
+    args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, options.max_message_bytes);
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, options.max_attempts > 1 ? 1 : 0);
+    std::shared_ptr<grpc::Channel> channel =
+        grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+    client->stubs_.push_back(v1::MatmulService::NewStub(channel));
+  }
+  return client;
+}
+
+v1::MatmulService::Stub* MatmulClient::stub() const {
+  return stubs_[next_stub_.fetch_add(1, std::memory_order_relaxed) % stubs_.size()].get();
+}
+
+void MatmulClient::PrepareContext(grpc::ClientContext* context) const {
+  if (options_.timeout > absl::ZeroDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  }
+}
+
+absl::StatusOr<v1::MultiplyResponse> MatmulClient::Multiply(
+    const v1::MultiplyRequest& request) const {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::MultiplyResponse response;
+  const grpc::Status status = stub()->Multiply(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response;
+}
+
+absl::StatusOr<v1::ServerInfo> MatmulClient::GetServerInfo() const {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::ServerInfo info;
+  const grpc::Status status = stub()->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
+  if (!status.ok()) return FromGrpc(status);
+  return info;
+}
+
+absl::StatusOr<std::vector<v1::MultiplyResponse>> MatmulClient::MultiplyStream(
+    absl::Span<const v1::MultiplyRequest> requests) const {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  std::shared_ptr<grpc::ClientReaderWriter<v1::MultiplyRequest, v1::MultiplyResponse>> stream =
+      stub()->MultiplyStream(&context);
+  std::vector<v1::MultiplyResponse> responses;
+  // Read on a second thread so that neither side's flow control stalls.
+  std::thread reader([&] {
+    v1::MultiplyResponse response;
+    while (stream->Read(&response)) responses.push_back(std::move(response));
+  });
+  for (const v1::MultiplyRequest& request : requests) {
+    if (!stream->Write(request)) break;
+  }
+  stream->WritesDone();
+  reader.join();
+  const grpc::Status status = stream->Finish();
+  if (!status.ok()) return FromGrpc(status);
+  return responses;
+}
+
+void MatmulClient::MultiplyAsync(grpc::ClientContext* context, const v1::MultiplyRequest* request,
+                                 v1::MultiplyResponse* response,
+                                 std::function<void(grpc::Status)> done) const {
+  stub()->async()->Multiply(context, request, response, std::move(done));
+}
+
+}  // namespace matmul::client

@@ -1,0 +1,188 @@
+"""The MatmulClient class; see the package docstring."""
+
+import json
+
+import grpc
+import numpy as np
+
+from matmul.v1 import matmul_pb2, matmul_pb2_grpc
+
+_DTYPES = {
+    "float32": matmul_pb2.DTYPE_FLOAT32,
+    "float64": matmul_pb2.DTYPE_FLOAT64,
+    "float16": matmul_pb2.DTYPE_FLOAT16,
+    "bfloat16": matmul_pb2.DTYPE_BFLOAT16,
+}
+_NUMPY_OF = {
+    matmul_pb2.DTYPE_FLOAT32: np.dtype("<f4"),
+    matmul_pb2.DTYPE_FLOAT64: np.dtype("<f8"),
+    matmul_pb2.DTYPE_FLOAT16: np.dtype("<f2"),
+    matmul_pb2.DTYPE_BFLOAT16: np.dtype("<u2"),
+}
+_PRECISIONS = {
+    "default": matmul_pb2.PRECISION_DEFAULT,
+    "tf32": matmul_pb2.PRECISION_TF32,
+}
+
+
+class MatmulError(Exception):
+    """A failed call: ``code`` is the grpc.StatusCode, ``details`` the server's message."""
+
+    def __init__(self, code, details):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+def float32_to_bfloat16(x):
+    """Rounds an array to bfloat16 (nearest, ties to even); returns the raw uint16 bits."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        bits[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return bits
+
+
+def bfloat16_to_float32(bits):
+    """Widens raw bfloat16 bits (uint16) to float32, exactly."""
+    bits = np.ascontiguousarray(bits, dtype=np.uint16)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _wire_dtype(name_or_dtype):
+    if name_or_dtype is None:
+        return None
+    if isinstance(name_or_dtype, str) and name_or_dtype.lower() in ("bfloat16", "bf16"):
+        return matmul_pb2.DTYPE_BFLOAT16
+    if isinstance(name_or_dtype, int) and name_or_dtype in _NUMPY_OF:
+        return name_or_dtype
+    np_dtype = np.dtype(name_or_dtype)
+    for wire, candidate in _NUMPY_OF.items():
+        if wire != matmul_pb2.DTYPE_BFLOAT16 and candidate == np_dtype.newbyteorder("<"):
+            return wire
+    raise ValueError(f"unsupported dtype {name_or_dtype!r}: expected float32, float64, "
+                     "float16 or bfloat16")
+
+
+def _to_matrix(array, wire_dtype):
+    array = np.asarray(array)
+    if array.ndim != 2:
+        raise ValueError(f"expected a 2-D array, got shape {array.shape}")
+    if wire_dtype == matmul_pb2.DTYPE_BFLOAT16:
+        data = array if array.dtype == np.uint16 else float32_to_bfloat16(array)
+    else:
+        data = np.ascontiguousarray(array, dtype=_NUMPY_OF[wire_dtype])
+    return matmul_pb2.Matrix(rows=array.shape[0], cols=array.shape[1], dtype=wire_dtype,
+                             data=np.ascontiguousarray(data).tobytes())
+
+
+def _from_matrix(matrix, raw_bfloat16=False):
+    array = np.frombuffer(matrix.data, dtype=_NUMPY_OF[matrix.dtype]).reshape(matrix.rows,
+                                                                              matrix.cols)
+    if matrix.dtype == matmul_pb2.DTYPE_BFLOAT16 and not raw_bfloat16:
+        return bfloat16_to_float32(array).reshape(matrix.rows, matrix.cols)
+    return array.copy()
+
+
+class MatmulClient:
+    """A connection to matmul-server.
+
+    ``target`` is any gRPC target: "host:port", "dns:///name:port" (every address
+    the name resolves to, e.g. a headless Kubernetes Service) or
+    "ipv4:10.0.0.1:50051,10.0.0.2:50051". ``load_balancing`` is "pick_first" or
+    "round_robin"; ``max_attempts`` > 1 retries calls answered UNAVAILABLE.
+    A client may be shared by threads.
+    """
+
+    def __init__(self, target, *, timeout=None, load_balancing="pick_first", max_attempts=1,
+                 max_message_bytes=1 << 30):
+        if load_balancing not in ("pick_first", "round_robin"):
+            raise ValueError("load_balancing must be pick_first or round_robin")
+        config = {"loadBalancingConfig": [{load_balancing: {}}]}
+        if max_attempts > 1:
+            config["methodConfig"] = [{
+                "name": [{"service": "matmul.v1.MatmulService"}],
+                "retryPolicy": {"maxAttempts": max_attempts, "initialBackoff": "0.05s",
+                                "maxBackoff": "1s", "backoffMultiplier": 2,
+                                "retryableStatusCodes": ["UNAVAILABLE"]},
+            }]
+        options = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.service_config", json.dumps(config)),
+            ("grpc.enable_retries", 1 if max_attempts > 1 else 0),
+            ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
+        ]
+        self._channel = grpc.insecure_channel(target, options=options)
+        self._stub = matmul_pb2_grpc.MatmulServiceStub(self._channel)
+        self._timeout = timeout
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, method, request, timeout):
+        try:
+            return method(request, timeout=timeout if timeout is not None else self._timeout)
+        except grpc.RpcError as e:
+            raise MatmulError(e.code(), e.details()) from None
+
+    def build_request(self, a, b, *, transpose_a=False, transpose_b=False, precision="default",
+                      c=None, alpha=1.0, beta=0.0, dtype=None, output_dtype=None, priority=0,
+                      request_id=""):
+        """The MultiplyRequest that matmul() sends (for streams and raw calls)."""
+        wire = _wire_dtype(dtype) if dtype is not None else _wire_dtype(np.asarray(a).dtype)
+        out = _wire_dtype(output_dtype)
+        request = matmul_pb2.MultiplyRequest(
+            a=_to_matrix(a, wire), b=_to_matrix(b, wire), transpose_a=transpose_a,
+            transpose_b=transpose_b,
+            precision=_PRECISIONS[precision] if isinstance(precision, str) else precision,
+            output_dtype=out or matmul_pb2.DTYPE_UNSPECIFIED, priority=priority,
+            request_id=request_id, alpha=alpha, beta=beta)
+        if c is not None:
+            request.c.CopyFrom(_to_matrix(c, out or wire))
+        return request
+
+    def matmul(self, a, b, *, transpose_a=False, transpose_b=False, precision="default", c=None,
+               alpha=1.0, beta=0.0, dtype=None, output_dtype=None, priority=0, timeout=None,
+               raw_bfloat16=False):
+        """alpha * op(a) @ op(b) + beta * c on the server, as a numpy array.
+
+        ``dtype`` overrides the arrays' dtype on the wire ("bfloat16" for bfloat16);
+        ``precision`` is "default" (exact float32) or "tf32". Raises MatmulError.
+        """
+        request = self.build_request(a, b, transpose_a=transpose_a, transpose_b=transpose_b,
+                                     precision=precision, c=c, alpha=alpha, beta=beta,
+                                     dtype=dtype, output_dtype=output_dtype, priority=priority)
+        response = self._call(self._stub.Multiply, request, timeout)
+        return _from_matrix(response.c, raw_bfloat16)
+
+    def multiply(self, request, timeout=None):
+        """Sends a MultiplyRequest; returns the MultiplyResponse (timing included)."""
+        return self._call(self._stub.Multiply, request, timeout)
+
+    def multiply_stream(self, requests, timeout=None):
+        """Sends requests over one MultiplyStream; returns the responses as they came
+        (match by request_id; failed items have ``error`` set)."""
+        try:
+            return list(self._stub.MultiplyStream(
+                iter(requests), timeout=timeout if timeout is not None else self._timeout))
+        except grpc.RpcError as e:
+            raise MatmulError(e.code(), e.details()) from None
+
+    def server_info(self, timeout=None):
+        """The server's ServerInfo message."""
+        return self._call(self._stub.GetServerInfo, matmul_pb2.GetServerInfoRequest(), timeout)
+
+    @staticmethod
+    def result_array(response, raw_bfloat16=False):
+        """The result of a MultiplyResponse as a numpy array."""
+        return _from_matrix(response.c, raw_bfloat16)
+
