@@ -1,0 +1,330 @@
+#include "server/dynamic_batch_scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "client/requests.h"
+#include "kernels/reference_gemm.h"
+#include "tests/util/test_util.h"
+
+namespace matmul::server {
+namespace {
+
+using matmul::testing::FakeEngine;
+
+TEST(PickDeviceTest, LeastOutstandingWorkWins) {
+  EXPECT_EQ(PickDevice({{1, 100, true}, {1, 50, true}, {1, 75, true}}), 1);
+}
+
+TEST(PickDeviceTest, TiesGoToMoreFreeLanesThenLowerIndex) {
+  EXPECT_EQ(PickDevice({{1, 0, true}, {2, 0, true}}), 1);
+  EXPECT_EQ(PickDevice({{2, 0, true}, {2, 0, true}}), 0);
+}
+
+TEST(PickDeviceTest, SkipsBusyAndUnhealthyDevices) {
+  EXPECT_EQ(PickDevice({{0, 0, true}, {1, 1e12, true}}), 1);
+  EXPECT_EQ(PickDevice({{1, 0, false}, {1, 1e12, true}}), 1);
+  EXPECT_EQ(PickDevice({{0, 0, true}, {1, 0, false}}), -1);
+  EXPECT_EQ(PickDevice({}), -1);
+}
+
+// One job's inputs, output and outcome.
+struct Call {
+  v1::MultiplyRequest request;
+  std::string output;
+  JobOutcome outcome;
+  std::atomic<int> done_count{0};
+};
+
+std::unique_ptr<Job> MakeJob(DynamicBatchScheduler& s, Call& call, int64_t size = 4,
+                             int32_t priority = 0) {
+  static std::mt19937_64 rng(std::random_device{}());
+  client::ProblemSpec spec;
+  spec.m = spec.n = spec.k = size;
+  call.request = client::RandomRequest(spec, rng);
+  auto job = std::make_unique<Job>();
+  job->id = s.NewJobId();
+  job->problem = *client::ProblemOf(call.request);
+  job->output = &call.output;
+  job->output_bytes = size * size * 4;
+  job->priority = priority;
+  job->arrival = absl::Now();
+  job->on_done = [&call](const JobOutcome& outcome) {
+    call.outcome = outcome;
+    call.done_count.fetch_add(1);
+  };
+  return job;
+}
+
+DynamicBatchScheduler::Options Options(size_t batch = 8, absl::Duration delay = absl::ZeroDuration()) {
+  DynamicBatchScheduler::Options o;
+  o.queue.max_batch_size = batch;
+  o.queue.max_queue_delay = delay;
+  o.queue.max_batch_flops = 1e15;
+  o.lanes_per_device = 1;
+  return o;
+}
+
+void WaitDone(const Call& call) {
+  while (call.done_count.load() == 0) absl::SleepFor(absl::Milliseconds(1));
+}
+
+TEST(DynamicBatchSchedulerTest, RunsJobsWithCorrectResults) {
+  FakeEngine engine("fake:0");
+  auto s = DynamicBatchScheduler::Create(Options(), {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 20; ++i) {
+    calls.push_back(std::make_unique<Call>());
+    ASSERT_TRUE((*s)->Submit(MakeJob(**s, *calls.back(), 3 + i)).ok());
+  }
+  ASSERT_TRUE((*s)->Drain(absl::InfiniteFuture()));
+  for (auto& c : calls) {
+    EXPECT_EQ(c->done_count.load(), 1);
+    ASSERT_TRUE(c->outcome.status.ok()) << c->outcome.status;
+    EXPECT_EQ(c->outcome.device, "fake:0");
+    EXPECT_GE(c->outcome.batch_size, 1u);
+    absl::StatusOr<GemmProblem> p = client::ProblemOf(c->request);
+    EXPECT_LE(RelativeError(ReferenceGemm(*p), c->output.data(), DType::kFloat32), 1e-5);
+  }
+}
+
+TEST(DynamicBatchSchedulerTest, JobsQueuedBehindABusyDeviceShareABatch) {
+  FakeEngine engine("fake:0");
+  engine.Block();
+  auto s = DynamicBatchScheduler::Create(Options(16), {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  Call first;
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, first)).ok());
+  engine.WaitForBatches(1);  // The device is now busy with `first`.
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 10; ++i) {
+    calls.push_back(std::make_unique<Call>());
+    ASSERT_TRUE((*s)->Submit(MakeJob(**s, *calls.back())).ok());
+  }
+  engine.Unblock();
+  ASSERT_TRUE((*s)->Drain(absl::InfiniteFuture()));
+  EXPECT_EQ(engine.batch_sizes(), (std::vector<size_t>{1, 10}));
+  for (auto& c : calls) EXPECT_EQ(c->outcome.batch_size, 10u);
+}
+
+TEST(DynamicBatchSchedulerTest, DeadlineExpiresWhileQueuedNotAfterTheBatch) {
+  FakeEngine engine("fake:0");
+  engine.Block();
+  auto s = DynamicBatchScheduler::Create(Options(), {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  Call running, waiting;
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, running)).ok());
+  engine.WaitForBatches(1);
+  auto job = MakeJob(**s, waiting);
+  job->deadline = absl::Now() + absl::Milliseconds(50);
+  ASSERT_TRUE((*s)->Submit(std::move(job)).ok());
+  // The device stays blocked: the answer must come from the queue itself.
+  WaitDone(waiting);
+  EXPECT_EQ(waiting.outcome.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(running.done_count.load(), 0);
+  engine.Unblock();
+  ASSERT_TRUE((*s)->Drain(absl::InfiniteFuture()));
+  EXPECT_TRUE(running.outcome.status.ok());
+  EXPECT_EQ(engine.problems(), 1);  // The expired job never ran.
+}
+
+TEST(DynamicBatchSchedulerTest, CancelRemovesAQueuedJobOnly) {
+  FakeEngine engine("fake:0");
+  engine.Block();
+  auto s = DynamicBatchScheduler::Create(Options(), {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  Call running, queued;
+  auto job = MakeJob(**s, running);
+  const uint64_t running_id = job->id;
+  ASSERT_TRUE((*s)->Submit(std::move(job)).ok());
+  engine.WaitForBatches(1);
+  job = MakeJob(**s, queued);
+  const uint64_t queued_id = job->id;
+  ASSERT_TRUE((*s)->Submit(std::move(job)).ok());
+  EXPECT_TRUE((*s)->Cancel(queued_id));
+  EXPECT_EQ(queued.done_count.load(), 1);  // Ended inside Cancel.
+  EXPECT_EQ(queued.outcome.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE((*s)->Cancel(running_id));  // Already running: left alone.
+  EXPECT_FALSE((*s)->Cancel(queued_id));
+  engine.Unblock();
+  ASSERT_TRUE((*s)->Drain(absl::InfiniteFuture()));
+  EXPECT_TRUE(running.outcome.status.ok());
+  EXPECT_EQ(queued.done_count.load(), 1);
+  EXPECT_EQ(engine.problems(), 1);
+}
+
+TEST(DynamicBatchSchedulerTest, FullQueueRefusesAtOnce) {
+  FakeEngine engine("fake:0");
+  engine.Block();
+  DynamicBatchScheduler::Options o = Options(1);
+  o.queue.capacity = 2;
+  auto s = DynamicBatchScheduler::Create(o, {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  Call a, b, c, d;
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, a)).ok());
+  engine.WaitForBatches(1);
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, b)).ok());
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, c)).ok());
+  absl::Status full = (*s)->Submit(MakeJob(**s, d));
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(d.done_count.load(), 0);  // Refused jobs are never "done".
+  engine.Unblock();
+  ASSERT_TRUE((*s)->Drain(absl::InfiniteFuture()));
+  EXPECT_EQ(engine.problems(), 3);
+}
+
+TEST(DynamicBatchSchedulerTest, SpreadsBatchesOverDevices) {
+  FakeEngine e0("fake:0"), e1("fake:1");
+  e0.Block();
+  e1.Block();
+  auto s = DynamicBatchScheduler::Create(Options(1), {&e0, &e1}, nullptr);
+  ASSERT_TRUE(s.ok());
+  Call a, b;
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, a)).ok());
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, b)).ok());
+  // Both devices get one batch each; neither can finish, so this only
+  // returns if the second batch went to the idle device.
+  e0.WaitForBatches(1);
+  e1.WaitForBatches(1);
+  e0.Unblock();
+  e1.Unblock();
+  ASSERT_TRUE((*s)->Drain(absl::InfiniteFuture()));
+  EXPECT_NE(a.outcome.device, b.outcome.device);
+}
+
+TEST(DynamicBatchSchedulerTest, AFailingDeviceFailsOnlyItsBatchAndStopsGettingWork) {
+  FakeEngine e0("fake:0"), e1("fake:1");
+  e0.FailAfter(0);  // Its first batch fails and it turns unhealthy.
+  auto s = DynamicBatchScheduler::Create(Options(1), {&e0, &e1}, nullptr);
+  ASSERT_TRUE(s.ok());
+  Call first;
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, first)).ok());  // Goes to e0 (tie -> index 0).
+  WaitDone(first);
+  EXPECT_EQ(first.outcome.status.code(), absl::StatusCode::kInternal);
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 10; ++i) {
+    calls.push_back(std::make_unique<Call>());
+    ASSERT_TRUE((*s)->Submit(MakeJob(**s, *calls.back())).ok());
+  }
+  ASSERT_TRUE((*s)->Drain(absl::InfiniteFuture()));
+  for (auto& c : calls) {
+    EXPECT_TRUE(c->outcome.status.ok()) << c->outcome.status;
+    EXPECT_EQ(c->outcome.device, "fake:1");
+  }
+  EXPECT_EQ(e0.batches(), 1);
+}
+
+TEST(DynamicBatchSchedulerTest, NoHealthyDeviceMeansUnavailable) {
+  FakeEngine e0("fake:0");
+  e0.FailAfter(0);
+  Call first, second;
+  {
+    auto s = DynamicBatchScheduler::Create(Options(1), {&e0}, nullptr);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE((*s)->Submit(MakeJob(**s, first)).ok());
+    e0.WaitForBatches(1);
+  }  // Destruction waits for the running batch.
+  EXPECT_EQ(first.outcome.status.code(), absl::StatusCode::kInternal);
+  ASSERT_FALSE(e0.Healthy());
+  auto s = DynamicBatchScheduler::Create(Options(1), {&e0}, nullptr);
+  ASSERT_TRUE(s.ok());
+  absl::Status status = (*s)->Submit(MakeJob(**s, second));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(status.message(), "no healthy device to run on");
+}
+
+TEST(DynamicBatchSchedulerTest, DrainFlushesWithoutWaitingForTheDelay) {
+  FakeEngine engine("fake:0");
+  // Batches of 64 with an hour's delay: only a flush can send 3 jobs.
+  auto s = DynamicBatchScheduler::Create(Options(64, absl::Hours(1)), {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 3; ++i) {
+    calls.push_back(std::make_unique<Call>());
+    ASSERT_TRUE((*s)->Submit(MakeJob(**s, *calls.back())).ok());
+  }
+  EXPECT_EQ((*s)->QueueDepth(), 3u);
+  EXPECT_TRUE((*s)->Drain(absl::Now() + absl::Seconds(60)));
+  for (auto& c : calls) EXPECT_TRUE(c->outcome.status.ok());
+  Call late;
+  EXPECT_EQ((*s)->Submit(MakeJob(**s, late)).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(DynamicBatchSchedulerTest, StopAnswersQueuedJobsUnavailable) {
+  FakeEngine engine("fake:0");
+  auto s = DynamicBatchScheduler::Create(Options(64, absl::Hours(1)), {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  Call a;
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, a)).ok());
+  (*s)->Stop();
+  EXPECT_EQ(a.done_count.load(), 1);
+  EXPECT_EQ(a.outcome.status.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(DynamicBatchSchedulerTest, ConcurrentProducersLoseNothingAndNeverAnswerTwice) {
+  FakeEngine e0("fake:0"), e1("fake:1");
+  DynamicBatchScheduler::Options o = Options(8, absl::Microseconds(200));
+  o.lanes_per_device = 2;
+  o.queue.capacity = 100000;
+  auto s = DynamicBatchScheduler::Create(o, {&e0, &e1}, nullptr);
+  ASSERT_TRUE(s.ok());
+  constexpr int kThreads = 8, kPerThread = 300;
+  std::vector<std::unique_ptr<Call>> calls(kThreads * kPerThread);
+  std::vector<uint64_t> ids(calls.size());
+  std::vector<char> has_deadline(calls.size(), 0);
+  std::atomic<int> cancelled{0};
+  std::vector<std::thread> producers;
+  for (int t = 0; t < kThreads; ++t) {
+    producers.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int i = 0; i < kPerThread; ++i) {
+        const int index = t * kPerThread + i;
+        calls[index] = std::make_unique<Call>();
+        auto job = MakeJob(**s, *calls[index], 2 + index % 5, static_cast<int32_t>(rng() % 3));
+        if (rng() % 7 == 0) {
+          job->deadline = absl::Now() + absl::Microseconds(rng() % 500);
+          has_deadline[index] = 1;
+        }
+        ids[index] = job->id;
+        ASSERT_TRUE((*s)->Submit(std::move(job)).ok());
+        if (rng() % 5 == 0) {
+          // Cancel one of this thread's jobs without a deadline (a cancel
+          // close to a deadline counts as the deadline); it may already be
+          // running or done.
+          const int victim = t * kPerThread + static_cast<int>(rng() % (i + 1));
+          if (!has_deadline[victim] && (*s)->Cancel(ids[victim])) cancelled.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& p : producers) p.join();
+  ASSERT_TRUE((*s)->Drain(absl::InfiniteFuture()));
+  int ok = 0, deadline = 0, cancel = 0;
+  for (auto& c : calls) {
+    ASSERT_EQ(c->done_count.load(), 1);
+    switch (c->outcome.status.code()) {
+      case absl::StatusCode::kOk:
+        ++ok;
+        EXPECT_LE(RelativeError(ReferenceGemm(*client::ProblemOf(c->request)), c->output.data(),
+                                DType::kFloat32),
+                  1e-5);
+        break;
+      case absl::StatusCode::kDeadlineExceeded: ++deadline; break;
+      case absl::StatusCode::kCancelled: ++cancel; break;
+      default: ADD_FAILURE() << c->outcome.status;
+    }
+  }
+  EXPECT_EQ(cancel, cancelled.load());
+  EXPECT_EQ(ok + deadline + cancel, kThreads * kPerThread);
+  EXPECT_EQ(ok, e0.problems() + e1.problems());
+  EXPECT_GT(e0.problems(), 0);
+  EXPECT_GT(e1.problems(), 0);
+}
+
+}  // namespace
+}  // namespace matmul::server

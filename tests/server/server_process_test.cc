@@ -1,0 +1,131 @@
+// matmul-server as a process: flags, environment, SIGTERM drain.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "client/matmul_client.h"
+#include "client/requests.h"
+#include "kernels/reference_gemm.h"
+#include "tests/util/test_util.h"
+
+namespace matmul {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::HttpGet;
+using testing::MetricSum;
+using testing::ServerProcess;
+
+// Runs a shell command; returns its exit code and fills `output`.
+int RunCommand(const std::string& command, std::string* output) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(ServerProcessTest, HelpDocumentsEveryFlag) {
+  std::string out;
+  RunCommand(absl::StrCat(MATMUL_SERVER_BINARY, " --helpfull"), &out);
+  for (const char* flag :
+       {"--listen", "--metrics_listen", "--backend", "--devices", "--max_batch_size",
+        "--max_queue_delay_us", "--max_batch_flops", "--queue_capacity", "--max_request_bytes",
+        "--max_response_bytes", "--max_dim", "--default_timeout_ms", "--priority_aging_ms",
+        "--shutdown_grace_s", "--lanes_per_device", "--cpu_workers", "--gpu_memory_fraction"}) {
+    EXPECT_THAT(out, HasSubstr(flag));
+  }
+  EXPECT_THAT(out, HasSubstr("MATMUL_"));
+}
+
+TEST(ServerProcessTest, BadFlagValueExitsWithAMessage) {
+  std::string out;
+  EXPECT_EQ(RunCommand(absl::StrCat(MATMUL_SERVER_BINARY, " --listen=127.0.0.1:0 --metrics_listen= "
+                                                   "--devices=zero"),
+                &out),
+            2);
+  EXPECT_THAT(out, HasSubstr("--devices"));
+  out.clear();
+  EXPECT_NE(RunCommand(absl::StrCat(MATMUL_SERVER_BINARY, " --backend=tpu --metrics_listen="), &out), 0);
+  EXPECT_THAT(out, HasSubstr("backend must be auto, cpu or cuda"));
+}
+
+TEST(ServerProcessTest, BusyPortIsAnError) {
+  auto first = ServerProcess::Start({"--backend=cpu"});
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::string out;
+  EXPECT_NE(RunCommand(absl::StrCat(MATMUL_SERVER_BINARY, " --backend=cpu --metrics_listen= --listen=",
+                             (*first)->target()),
+                &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("cannot listen"));
+}
+
+TEST(ServerProcessTest, EnvironmentSetsFlagsAndTheCommandLineWins) {
+  setenv("MATMUL_MAX_DIM", "77", 1);
+  setenv("MATMUL_MAX_BATCH_SIZE", "5", 1);
+  auto server = ServerProcess::Start({"--backend=cpu", "--max_batch_size=9"});
+  unsetenv("MATMUL_MAX_DIM");
+  unsetenv("MATMUL_MAX_BATCH_SIZE");
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto c = client::MatmulClient::Create({.target = (*server)->target()});
+  absl::StatusOr<v1::ServerInfo> info = (*c)->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->limits().max_dim(), 77u);
+  EXPECT_EQ(info->batching().max_batch_size(), 9u);
+}
+
+TEST(ServerProcessTest, SigtermAnswersEveryAcceptedRequestAndExitsZero) {
+  // Jobs wait in the queue for an hour unless the drain flushes them.
+  auto server = ServerProcess::Start(
+      {"--backend=cpu", "--max_queue_delay_us=3600000000", "--max_batch_size=1000",
+       "--shutdown_grace_s=120"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto c = client::MatmulClient::Create({.target = (*server)->target()});
+  ASSERT_TRUE(c.ok());
+  std::mt19937_64 rng(std::random_device{}());
+  struct Call {
+    grpc::ClientContext context;
+    v1::MultiplyRequest request;
+    v1::MultiplyResponse response;
+    grpc::Status status;
+    absl::Notification done;
+  };
+  constexpr int kCalls = 32;
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    auto call = std::make_unique<Call>();
+    call->request = client::RandomRequest({.m = 8 + i, .n = 16, .k = 24}, rng);
+    (*c)->MultiplyAsync(&call->context, &call->request, &call->response,
+                        [raw = call.get()](grpc::Status s) {
+                          raw->status = std::move(s);
+                          raw->done.Notify();
+                        });
+    calls.push_back(std::move(call));
+  }
+  while (MetricSum(HttpGet((*server)->metrics_port(), "/metrics"), "matmul_queue_depth") < kCalls) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  (*server)->Signal(SIGTERM);
+  for (auto& call : calls) {
+    call->done.WaitForNotification();
+    ASSERT_TRUE(call->status.ok()) << call->status.error_message();
+    absl::StatusOr<double> err = client::CheckResponse(call->request, call->response);
+    ASSERT_TRUE(err.ok()) << err.status();
+    EXPECT_LE(*err, 1e-5);
+  }
+  EXPECT_EQ((*server)->Wait(), 0);
+  // Gone: new calls fail UNAVAILABLE.
+  absl::StatusOr<v1::MultiplyResponse> after =
+      (*c)->Multiply(client::RandomRequest({.m = 2, .n = 2, .k = 2}, rng));
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace matmul
