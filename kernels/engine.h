@@ -75,6 +75,13 @@ struct DeviceDescription {
   std::string compute_capability;
 };
 
+// Resource figures for metrics.
+struct EngineStats {
+  // Device memory held by batches now, and the pool's size (0 for the CPU).
+  uint64_t memory_in_use_bytes = 0;
+  uint64_t memory_capacity_bytes = 0;
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -99,6 +106,8 @@ class Engine {
   // False once the device failed beyond recovery; the server stops sending
   // it work and health reports it.
   virtual bool Healthy() const { return true; }
+
+  virtual EngineStats Stats() const { return {}; }
 };
 
 }  // namespace matmul

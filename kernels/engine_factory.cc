@@ -32,11 +32,12 @@ absl::StatusOr<EngineSet> CreateGpuEngines(const EngineOptions& options) {
   cuda.devices = options.cuda_devices;
   cuda.memory_fraction = options.gpu_memory_fraction;
   cuda.kernels = options.cuda_kernels;
-  absl::StatusOr<std::vector<std::unique_ptr<Engine>>> engines = CreateCudaEngines(cuda);
+  absl::StatusOr<CudaEngineSet> engines = CreateCudaEngines(cuda);
   if (!engines.ok()) return engines.status();
   EngineSet set;
   set.backend = "cuda";
-  set.engines = *std::move(engines);
+  set.engines = std::move(engines->engines);
+  set.notes = std::move(engines->notes);
   return set;
 }
 #endif

@@ -40,6 +40,8 @@ struct EngineSet {
   std::vector<std::unique_ptr<Engine>> engines;
   // Why "auto" fell back to the CPU, for the start-up log; empty otherwise.
   std::string fallback_reason;
+  // Other lines for the start-up log (e.g. kernel self-test outcomes).
+  std::vector<std::string> notes;
 };
 
 // True when this binary was built with the CUDA engine.

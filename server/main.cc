@@ -207,8 +207,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!engines->fallback_reason.empty()) {
-    LOG(INFO) << "no usable GPU (" << engines->fallback_reason << "); using the CPU engine";
+    LOG(INFO) << "using the CPU engine: " << engines->fallback_reason;
   }
+  for (const std::string& note : engines->notes) LOG(INFO) << note;
   absl::StatusOr<std::unique_ptr<matmul::server::MatmulServer>> server =
       matmul::server::MatmulServer::Create(*config, *std::move(engines));
   if (!server.ok()) {

@@ -1,0 +1,426 @@
+// gemm-bench: our grouped kernels against cuBLAS on the GPU, one table.
+//
+//   gemm-bench [--json=FILE] [--quick]
+//
+// Timing: CUDA events around each run, after warm-up; the median of many
+// runs; inputs rotated over several buffer sets (more than twice the L2) so
+// that no run reads the previous run's operands from cache; random data.
+//
+// Rows:
+//  * single problems (bf16, fp16, TF32, float32; 1024^3 ... 8192^3 and
+//    4096 x 11008 x 4096): ours persistent, ours one CTA per tile, cuBLAS;
+//  * grouped batches (256 problems of 64..1024, 1024 of 64..256, 64 of
+//    1024..4096, bf16): ours in one launch, one cublasGemmEx per problem,
+//    cublasGemmGroupedBatchedEx.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/grouped_gemm.h"
+#include "kernels/half.h"
+#include "kernels/reference_gemm.h"
+
+namespace matmul::cuda {
+namespace {
+
+#define CHECK_CUDA(expr)                                                                    \
+  do {                                                                                      \
+    cudaError_t e_ = (expr);                                                                \
+    if (e_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                   \
+                   CudaErrorString(e_).c_str());                                            \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+#define CHECK_OK(expr)                                                                      \
+  do {                                                                                      \
+    absl::Status s_ = (expr);                                                               \
+    if (!s_.ok()) {                                                                         \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, std::string(s_.message()).c_str()); \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+double FlopsOf(const std::vector<Shape>& shapes) {
+  double f = 0;
+  for (const Shape& s : shapes) f += 2.0 * s.m * s.n * s.k;
+  return f;
+}
+
+// Device buffers for one batch, `sets` copies rotated between runs.
+struct Buffers {
+  std::vector<std::vector<DeviceGemmProblem>> sets;
+  std::vector<void*> allocations;
+  ~Buffers() {
+    for (void* p : allocations) cudaFree(p);
+  }
+};
+
+void FillRandom(void* device, DType type, size_t n, std::mt19937_64& rng) {
+  // Random bytes generated on the host in slabs (the data only has to be
+  // random and finite, never zero).
+  const size_t slab = std::min<size_t>(n, 1 << 22);
+  std::vector<uint8_t> host = RandomMatrix(type, slab, rng);
+  const size_t bytes = n * ElementSize(type);
+  for (size_t at = 0; at < bytes; at += host.size()) {
+    CHECK_CUDA(cudaMemcpy(static_cast<uint8_t*>(device) + at, host.data(),
+                          std::min(host.size(), bytes - at), cudaMemcpyHostToDevice));
+  }
+}
+
+std::unique_ptr<Buffers> MakeBuffers(const std::vector<Shape>& shapes, DType in, DType out,
+                                     std::mt19937_64& rng) {
+  auto b = std::make_unique<Buffers>();
+  size_t bytes_per_set = 0;
+  for (const Shape& s : shapes) {
+    bytes_per_set += (s.m * s.k + s.k * s.n) * ElementSize(in) + s.m * s.n * ElementSize(out);
+  }
+  // More than 2x the L2 (60 MB on an H200) in total, at most 32 sets.
+  const size_t target = 160ull << 20;
+  const int sets = static_cast<int>(std::clamp<size_t>(target / std::max<size_t>(bytes_per_set, 1) + 1, 1, 32));
+  for (int set = 0; set < sets; ++set) {
+    std::vector<DeviceGemmProblem> problems;
+    for (const Shape& s : shapes) {
+      DeviceGemmProblem p;
+      p.m = s.m;
+      p.n = s.n;
+      p.k = s.k;
+      p.lda = s.k;
+      p.ldb = s.n;
+      p.ldc = p.ldd = s.n;
+      void *a, *bb, *d;
+      CHECK_CUDA(cudaMalloc(&a, s.m * s.k * ElementSize(in)));
+      CHECK_CUDA(cudaMalloc(&bb, s.k * s.n * ElementSize(in)));
+      CHECK_CUDA(cudaMalloc(&d, s.m * s.n * ElementSize(out)));
+      b->allocations.insert(b->allocations.end(), {a, bb, d});
+      FillRandom(a, in, s.m * s.k, rng);
+      FillRandom(bb, in, s.k * s.n, rng);
+      p.a = a;
+      p.b = bb;
+      p.d = d;
+      problems.push_back(p);
+    }
+    b->sets.push_back(std::move(problems));
+  }
+  return b;
+}
+
+// Median milliseconds of `run(set)` over `reps` timed runs after warm-up.
+double TimeMedianMs(cudaStream_t stream, int sets, int reps, const std::function<void(int)>& run) {
+  for (int i = 0; i < 3; ++i) run(i % sets);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(start, stream);
+    run(i % sets);
+    cudaEventRecord(stop, stream);
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float t;
+    cudaEventElapsedTime(&t, start, stop);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+cudaDataType_t CudaType(DType t) {
+  switch (t) {
+    case DType::kFloat32: return CUDA_R_32F;
+    case DType::kFloat64: return CUDA_R_64F;
+    case DType::kFloat16: return CUDA_R_16F;
+    case DType::kBFloat16: return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+// Max relative error of `ours` against `ref` over the whole batch (device
+// results compared on the host), to make sure the timed kernels are right.
+double Compare(const std::vector<DeviceGemmProblem>& ours, const std::vector<DeviceGemmProblem>& ref,
+               DType out) {
+  double worst = 0;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    const size_t n = ours[i].m * ours[i].n;
+    std::vector<uint8_t> a(n * ElementSize(out)), b(a.size());
+    cudaMemcpy(a.data(), ours[i].d, a.size(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(b.data(), ref[i].d, b.size(), cudaMemcpyDeviceToHost);
+    worst = std::max(worst, RelativeError(ToDouble(b.data(), out, n), a.data(), out));
+  }
+  return worst;
+}
+
+struct Row {
+  std::string group, name, dtype, variant;
+  double us = 0, tflops = 0, ratio = 0, error = -1;
+};
+
+class Bench {
+ public:
+  Bench(bool quick) : quick_(quick) {
+    CHECK_CUDA(cudaStreamCreate(&stream_));
+    auto launcher = GroupedGemmLauncher::Create(0);
+    CHECK_OK(launcher.status());
+    launcher_ = *std::move(launcher);
+    cublasCreate(&cublas_);
+    cublasSetStream(cublas_, stream_);
+    CHECK_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
+  }
+  ~Bench() {
+    cudaFree(workspace_);
+    cublasDestroy(cublas_);
+  }
+
+  void Single(DType in, Precision precision, const Shape& shape, const std::string& label) {
+    const DType out = in;
+    const std::vector<Shape> shapes = {shape};
+    auto buffers = MakeBuffers(shapes, in, out, rng_);
+    auto ref = MakeBuffers(shapes, in, out, rng_);  // Output copies for the check.
+    const double flops = FlopsOf(shapes);
+    const int reps = quick_ ? 10 : (flops > 1e12 ? 20 : 50);
+    const std::string dtype = in == DType::kFloat32 ? (precision == Precision::kTF32 ? "tf32" : "float32")
+                                                    : std::string(DTypeName(in));
+    double cublas_ms = 0;
+    std::vector<Row> rows;
+    for (auto family : {KernelFamily::kCublas, KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
+      GroupedGemmOptions o;
+      o.input = in;
+      o.output = out;
+      o.precision = precision;
+      o.family = family;
+      o.cublas_min_flops = 0;  // Exact float32: time our SIMT kernel, not cuBLAS.
+      const double ms = TimeMedianMs(stream_, static_cast<int>(buffers->sets.size()), reps, [&](int set) {
+        CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
+      });
+      Row r{"single", label, dtype,
+            family == KernelFamily::kCublas ? "cuBLAS"
+                                            : (family == KernelFamily::kPersistent ? "ours persistent"
+                                                                                   : "ours one CTA/tile")};
+      r.us = ms * 1e3;
+      r.tflops = flops / (ms * 1e-3) / 1e12;
+      if (family == KernelFamily::kCublas) {
+        cublas_ms = ms;
+        // Keep cuBLAS's result as the reference for the check below.
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          CHECK_CUDA(cudaMemcpy(ref->sets[0][i].d, buffers->sets[0][i].d,
+                                shape.m * shape.n * ElementSize(out), cudaMemcpyDeviceToDevice));
+        }
+      } else {
+        CHECK_OK(launcher_->Run(buffers->sets[0], o, workspace_, workspace_bytes_, stream_));
+        CHECK_CUDA(cudaStreamSynchronize(stream_));
+        r.error = Compare(buffers->sets[0], ref->sets[0], out);
+      }
+      r.ratio = cublas_ms / ms;
+      rows.push_back(r);
+    }
+    for (Row& r : rows) Emit(r);
+  }
+
+  void Grouped(const std::string& label, int count, int lo, int hi) {
+    const DType in = DType::kBFloat16, out = DType::kBFloat16;
+    std::uniform_int_distribution<int> dim(lo, hi);
+    std::vector<Shape> shapes;
+    for (int i = 0; i < count; ++i) shapes.push_back({dim(rng_), dim(rng_), dim(rng_)});
+    // Leading dimensions must be multiples of 8 for our TMA path and for
+    // fair cuBLAS tensor-core use: round the column counts up.
+    for (Shape& s : shapes) {
+      s.k = (s.k + 7) / 8 * 8;
+      s.n = (s.n + 7) / 8 * 8;
+    }
+    auto buffers = MakeBuffers(shapes, in, out, rng_);
+    auto ref = MakeBuffers(shapes, in, out, rng_);
+    const double flops = FlopsOf(shapes);
+    const int sets = static_cast<int>(buffers->sets.size());
+    const int reps = quick_ ? 10 : 30;
+    std::vector<Row> rows;
+    // cuBLAS, one call per problem.
+    GroupedGemmOptions o;
+    o.input = in;
+    o.output = out;
+    o.family = KernelFamily::kCublas;
+    const double loop_ms = TimeMedianMs(stream_, sets, reps, [&](int set) {
+      CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
+    });
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      CHECK_CUDA(cudaMemcpy(ref->sets[0][i].d, buffers->sets[0][i].d,
+                            shapes[i].m * shapes[i].n * ElementSize(out), cudaMemcpyDeviceToDevice));
+    }
+    // cuBLAS grouped.
+    const double grouped_ms = CublasGrouped(*buffers, in, out, reps);
+    const double best_cublas = std::min(loop_ms, grouped_ms);
+    rows.push_back({"grouped", label, "bfloat16", "cuBLAS per problem", loop_ms * 1e3,
+                    flops / (loop_ms * 1e-3) / 1e12, best_cublas / loop_ms});
+    rows.push_back({"grouped", label, "bfloat16", "cublasGemmGroupedBatchedEx", grouped_ms * 1e3,
+                    flops / (grouped_ms * 1e-3) / 1e12, best_cublas / grouped_ms});
+    for (auto family : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
+      o.family = family;
+      LaunchReport report;
+      const double ms = TimeMedianMs(stream_, sets, reps, [&](int set) {
+        CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_, &report));
+      });
+      CHECK_OK(launcher_->Run(buffers->sets[0], o, workspace_, workspace_bytes_, stream_));
+      CHECK_CUDA(cudaStreamSynchronize(stream_));
+      Row r{"grouped", label, "bfloat16",
+            absl::StrCat(family == KernelFamily::kPersistent ? "ours persistent" : "ours one CTA/tile",
+                         " (", report.launches, " launch, ", report.hopper_tile, ")")};
+      r.us = ms * 1e3;
+      r.tflops = flops / (ms * 1e-3) / 1e12;
+      r.ratio = best_cublas / ms;
+      r.error = Compare(buffers->sets[0], ref->sets[0], out);
+      rows.push_back(r);
+    }
+    for (Row& r : rows) Emit(r);
+  }
+
+  void WriteJson(const std::string& path) {
+    std::ofstream out(path);
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    int runtime = 0, driver = 0;
+    cudaRuntimeGetVersion(&runtime);
+    cudaDriverGetVersion(&driver);
+    out << "{\n  \"gpu\": \"" << prop.name << "\", \"sms\": " << prop.multiProcessorCount
+        << ", \"cuda_runtime\": " << runtime << ", \"driver\": " << driver << ",\n  \"rows\": [\n";
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      const Row& r = rows_[i];
+      out << absl::StrFormat(
+          "    {\"group\": \"%s\", \"name\": \"%s\", \"dtype\": \"%s\", \"variant\": \"%s\", "
+          "\"us\": %.2f, \"tflops\": %.2f, \"ratio_to_cublas\": %.3f, \"max_rel_error\": %.3g}%s\n",
+          r.group, r.name, r.dtype, r.variant, r.us, r.tflops, r.ratio, r.error,
+          i + 1 < rows_.size() ? "," : "");
+    }
+    out << "  ]\n}\n";
+  }
+
+ private:
+  double CublasGrouped(const Buffers& buffers, DType in, DType out, int reps) {
+    const int count = static_cast<int>(buffers.sets[0].size());
+    std::vector<cublasOperation_t> ops(count, CUBLAS_OP_N);
+    std::vector<int> m(count), n(count), k(count), lda(count), ldb(count), ldc(count), size(count, 1);
+    std::vector<float> alpha(count, 1.0f), beta(count, 0.0f);
+    std::vector<void**> device_ptrs;
+    for (const auto& set : buffers.sets) {
+      std::vector<const void*> host(3 * count);
+      for (int i = 0; i < count; ++i) {
+        const DeviceGemmProblem& p = set[i];
+        // Column-major: D^T = B^T A^T.
+        m[i] = static_cast<int>(p.n);
+        n[i] = static_cast<int>(p.m);
+        k[i] = static_cast<int>(p.k);
+        lda[i] = static_cast<int>(p.ldb);
+        ldb[i] = static_cast<int>(p.lda);
+        ldc[i] = static_cast<int>(p.ldd);
+        host[i] = p.b;
+        host[count + i] = p.a;
+        host[2 * count + i] = p.d;
+      }
+      void** ptrs;
+      CHECK_CUDA(cudaMalloc(&ptrs, host.size() * sizeof(void*)));
+      CHECK_CUDA(cudaMemcpy(ptrs, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice));
+      device_ptrs.push_back(ptrs);
+    }
+    const double ms = TimeMedianMs(stream_, static_cast<int>(device_ptrs.size()), reps, [&](int set) {
+      void** ptrs = device_ptrs[set];
+      const cublasStatus_t s = cublasGemmGroupedBatchedEx(
+          cublas_, ops.data(), ops.data(), m.data(), n.data(), k.data(), alpha.data(),
+          const_cast<const void* const*>(ptrs), CudaType(in), lda.data(),
+          const_cast<const void* const*>(ptrs + count), CudaType(in), ldb.data(), beta.data(),
+          ptrs + 2 * count, CudaType(out), ldc.data(), count, size.data(), CUBLAS_COMPUTE_32F);
+      if (s != CUBLAS_STATUS_SUCCESS) {
+        std::fprintf(stderr, "cublasGemmGroupedBatchedEx: %s\n", cublasGetStatusString(s));
+        std::exit(1);
+      }
+    });
+    for (void** p : device_ptrs) cudaFree(p);
+    return ms;
+  }
+
+  void Emit(const Row& r) {
+    std::printf("%-8s %-22s %-9s %-44s %11.1f %9.1f %7.3f %10s\n", r.group.c_str(), r.name.c_str(),
+                r.dtype.c_str(), r.variant.c_str(), r.us, r.tflops, r.ratio,
+                r.error < 0 ? "-" : absl::StrFormat("%.2e", r.error).c_str());
+    std::fflush(stdout);
+    rows_.push_back(r);
+  }
+
+  bool quick_;
+  cudaStream_t stream_;
+  std::unique_ptr<GroupedGemmLauncher> launcher_;
+  cublasHandle_t cublas_;
+  size_t workspace_bytes_ = size_t{1} << 30;
+  void* workspace_ = nullptr;
+  std::mt19937_64 rng_{std::random_device{}()};
+  std::vector<Row> rows_;
+};
+
+int Main(int argc, char** argv) {
+  std::string json = "gemm_bench.json";
+  bool quick = false;
+  std::vector<std::string> only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--json=", 0) == 0) json = a.substr(7);
+    else if (a == "--quick") quick = true;
+    else if (a.rfind("--only=", 0) == 0) only.push_back(a.substr(7));
+  }
+  auto want = [&](const std::string& section) {
+    return only.empty() || std::find(only.begin(), only.end(), section) != only.end();
+  };
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "gemm-bench: no CUDA GPU\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("gemm-bench on %s (%d SMs), median of repeated runs, CUDA events\n", prop.name,
+              prop.multiProcessorCount);
+  std::printf("%-8s %-22s %-9s %-44s %11s %9s %7s %10s\n", "group", "problem", "dtype", "variant",
+              "us", "TFLOP/s", "x cuBLAS", "rel.err");
+  Bench bench(quick);
+  const std::vector<std::pair<Shape, std::string>> sizes = {
+      {{1024, 1024, 1024}, "1024^3"}, {{2048, 2048, 2048}, "2048^3"},
+      {{4096, 4096, 4096}, "4096^3"}, {{8192, 8192, 8192}, "8192^3"},
+      {{4096, 11008, 4096}, "4096x11008x4096"}};
+  if (want("single")) {
+    for (auto [in, precision] : {std::pair{DType::kBFloat16, Precision::kDefault},
+                                 std::pair{DType::kFloat16, Precision::kDefault},
+                                 std::pair{DType::kFloat32, Precision::kTF32},
+                                 std::pair{DType::kFloat32, Precision::kDefault}}) {
+      for (const auto& [shape, label] : sizes) {
+        if (quick && shape.m > 4096) continue;
+        bench.Single(in, precision, shape, label);
+      }
+    }
+  }
+  if (want("grouped")) {
+    bench.Grouped("256 x [64,1024]", 256, 64, 1024);
+    bench.Grouped("1024 x [64,256]", 1024, 64, 256);
+    bench.Grouped("64 x [1024,4096]", 64, 1024, 4096);
+  }
+  bench.WriteJson(json);
+  return 0;
+}
+
+}  // namespace
+}  // namespace matmul::cuda
+
+int main(int argc, char** argv) { return matmul::cuda::Main(argc, argv); }

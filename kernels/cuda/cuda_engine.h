@@ -1,0 +1,52 @@
+// The CUDA engine: runs batches on one GPU with the grouped kernels.
+//
+//   CudaEngineOptions options;              // all GPUs, 80% of free memory
+//   auto engines = CreateCudaEngines(options);
+//   (*engines)[0]->Run(batch, statuses);
+//
+// Per batch: operands are packed (rows padded to 16 bytes, so every problem
+// can take the TMA path) into pinned host memory, copied to device memory
+// from a pool reserved at start-up, multiplied by one grouped launch, and
+// copied back. Run may be called from several threads at once; each call
+// uses its own CUDA stream and pinned buffer, so one batch's copies overlap
+// another's compute. A batch larger than the pool is split; a problem
+// larger than the pool fails with RESOURCE_EXHAUSTED. A CUDA error fails the
+// batch with INTERNAL; an error that leaves the context unusable marks the
+// engine unhealthy.
+#ifndef MATMUL_KERNELS_CUDA_CUDA_ENGINE_H_
+#define MATMUL_KERNELS_CUDA_CUDA_ENGINE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/engine.h"
+
+namespace matmul {
+
+struct CudaEngineOptions {
+  // Device ordinals; empty means all. Repeats run several engines on one GPU
+  // (they split its memory budget).
+  std::vector<int> devices;
+  // Share of each GPU's free memory reserved for the pools.
+  double memory_fraction = 0.8;
+  // "persistent", "nonpersistent" or "cublas".
+  std::string kernels = "persistent";
+  // Checks our kernels against cuBLAS at start-up; a dtype that disagrees
+  // is served by cuBLAS instead (and a note says so).
+  bool self_test = true;
+};
+
+struct CudaEngineSet {
+  std::vector<std::unique_ptr<Engine>> engines;
+  // Lines for the start-up log (self-test outcomes, fallbacks).
+  std::vector<std::string> notes;
+};
+
+// UNAVAILABLE when no usable GPU or driver is present (with the reason).
+absl::StatusOr<CudaEngineSet> CreateCudaEngines(const CudaEngineOptions& options);
+
+}  // namespace matmul
+
+#endif  // MATMUL_KERNELS_CUDA_CUDA_ENGINE_H_

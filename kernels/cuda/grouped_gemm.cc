@@ -1,0 +1,498 @@
+#include "kernels/cuda/grouped_gemm.h"
+
+#include <cublas_v2.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/kernels.h"
+
+namespace matmul::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t v, size_t a = kAlign) { return (v + a - 1) / a * a; }
+
+double Flops(const DeviceGemmProblem& p) {
+  return 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Which engine runs a problem.
+enum class Path { kHopper, kSimt, kCublas };
+
+// The pieces of a Run's workspace, in order.
+struct WorkspaceLayout {
+  // Hopper: table, tile offsets, map flags (zeroed with the table), maps.
+  size_t hopper_table = 0, hopper_offsets = 0, hopper_flags = 0, hopper_maps = 0;
+  // SIMT: table and tile offsets.
+  size_t simt_table = 0, simt_offsets = 0;
+  // TF32 transposed operand copies.
+  size_t transposes = 0;
+  size_t total = 0;
+};
+
+// Bytes of the K-major copies TF32 needs for `p` (0 when none).
+size_t Tf32TransposeBytes(const DeviceGemmProblem& p) {
+  size_t bytes = 0;
+  if (p.transpose_a) bytes += AlignUp(static_cast<size_t>(p.m) * AlignUp(p.k * 4, 16));
+  if (!p.transpose_b) bytes += AlignUp(static_cast<size_t>(p.n) * AlignUp(p.k * 4, 16));
+  return bytes;
+}
+
+}  // namespace
+
+std::string CudaErrorString(cudaError_t error) {
+  return absl::StrCat(cudaGetErrorName(error), ": ", cudaGetErrorString(error));
+}
+
+struct GroupedGemmLauncher::Impl {
+  // Tensor-map templates by (input dtype, tile width).
+  std::map<std::pair<DType, int>, HopperTemplates> templates;
+  // Placeholder device buffer the templates were encoded with.
+  void* scratch = nullptr;
+  // cuBLAS handles by stream (a handle's stream is per handle).
+  std::mutex mu;
+  std::map<cudaStream_t, cublasHandle_t> cublas;
+  // Pinned host buffers for problem tables, two per stream used in turn; an
+  // event marks when a buffer's copy has been consumed by the device.
+  struct Staging {
+    uint8_t* ptr[2] = {nullptr, nullptr};
+    size_t bytes[2] = {0, 0};
+    cudaEvent_t done[2] = {nullptr, nullptr};
+    int next = 0;
+  };
+  std::map<cudaStream_t, Staging> staging;
+
+  ~Impl() {
+    for (auto& [stream, handle] : cublas) cublasDestroy(handle);
+    for (auto& [stream, s] : staging) {
+      for (int i = 0; i < 2; ++i) {
+        if (s.ptr[i] != nullptr) cudaFreeHost(s.ptr[i]);
+        if (s.done[i] != nullptr) cudaEventDestroy(s.done[i]);
+      }
+    }
+    if (scratch != nullptr) cudaFree(scratch);
+  }
+
+  // Copies `bytes` of `host` to `device` on `stream` through pinned memory,
+  // so the copy is asynchronous and does not wait for the stream to drain.
+  cudaError_t Upload(void* device, const void* host, size_t bytes, cudaStream_t stream) {
+    Staging* s;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      s = &staging[stream];
+    }
+    const int i = s->next;
+    s->next ^= 1;
+    if (s->done[i] == nullptr) {
+      cudaError_t e = cudaEventCreateWithFlags(&s->done[i], cudaEventDisableTiming);
+      if (e != cudaSuccess) return e;
+    } else {
+      // The copy that last used this buffer must have been read.
+      cudaError_t e = cudaEventSynchronize(s->done[i]);
+      if (e != cudaSuccess) return e;
+    }
+    if (s->bytes[i] < bytes) {
+      if (s->ptr[i] != nullptr) cudaFreeHost(s->ptr[i]);
+      s->ptr[i] = nullptr;
+      s->bytes[i] = 0;
+      const size_t size = std::max<size_t>(bytes, 1 << 16);
+      cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&s->ptr[i]), size, cudaHostAllocPortable);
+      if (e != cudaSuccess) return e;
+      s->bytes[i] = size;
+    }
+    std::memcpy(s->ptr[i], host, bytes);
+    cudaError_t e = cudaMemcpyAsync(device, s->ptr[i], bytes, cudaMemcpyHostToDevice, stream);
+    if (e != cudaSuccess) return e;
+    return cudaEventRecord(s->done[i], stream);
+  }
+
+  absl::StatusOr<cublasHandle_t> Cublas(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cublas.find(stream);
+    if (it != cublas.end()) return it->second;
+    cublasHandle_t handle;
+    if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+      return absl::InternalError("cublasCreate failed");
+    }
+    cublasSetStream(handle, stream);
+    cublas.emplace(stream, handle);
+    return handle;
+  }
+};
+
+GroupedGemmLauncher::~GroupedGemmLauncher() = default;
+
+bool GroupedGemmLauncher::HopperEligible(const DeviceGemmProblem& p, DType input) {
+  const int64_t size = static_cast<int64_t>(ElementSize(input));
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  return (p.lda * size) % 16 == 0 && (p.ldb * size) % 16 == 0 && aligned(p.a) && aligned(p.b) &&
+         p.m < (int64_t{1} << 31) && p.n < (int64_t{1} << 31) && p.k < (int64_t{1} << 31);
+}
+
+absl::StatusOr<std::unique_ptr<GroupedGemmLauncher>> GroupedGemmLauncher::Create(int device) {
+  std::unique_ptr<GroupedGemmLauncher> launcher(new GroupedGemmLauncher());
+  launcher->device_ = device;
+  launcher->impl_ = std::make_unique<Impl>();
+  cudaDeviceProp prop;
+  cudaError_t e = cudaGetDeviceProperties(&prop, device);
+  if (e != cudaSuccess) return absl::UnavailableError(CudaErrorString(e));
+  launcher->num_sms_ = prop.multiProcessorCount;
+  launcher->hopper_ = prop.major == 9 && prop.minor == 0;
+  if (!launcher->hopper_) return launcher;
+
+  e = cudaMalloc(&launcher->impl_->scratch, 256 * 128);
+  if (e != cudaSuccess) return absl::ResourceExhaustedError(CudaErrorString(e));
+  for (DType t : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+    for (int n : {kHopperWideN, kHopperNarrowN}) {
+      HopperTemplates templates;
+      e = EncodeHopperTemplates(t, n, launcher->impl_->scratch, &templates);
+      if (e != cudaSuccess) {
+        return absl::InternalError(
+            absl::StrCat("encoding tensor-map templates: ", CudaErrorString(e)));
+      }
+      launcher->impl_->templates[{t, n}] = templates;
+    }
+  }
+  return launcher;
+}
+
+cudaError_t EncodeHopperTemplates(DType input, int tile_n, void* scratch, HopperTemplates* out) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult result;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &result) != cudaSuccess ||
+        result != cudaDriverEntryPointSuccess) {
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  CUtensorMapDataType type;
+  switch (input) {
+    case DType::kBFloat16: type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16; break;
+    case DType::kFloat16: type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16; break;
+    case DType::kFloat32: type = CU_TENSOR_MAP_DATA_TYPE_FLOAT32; break;
+    default: return cudaErrorInvalidValue;
+  }
+  const uint32_t row = 128 / static_cast<uint32_t>(ElementSize(input));  // BK
+  auto make = [&](CUtensorMap* map, uint32_t box0, uint32_t box1) {
+    // Placeholder extents: one 128-byte row wide, 256 rows; patched on device.
+    const cuuint64_t dims[2] = {row, 256};
+    const cuuint64_t strides[1] = {128};
+    const cuuint32_t box[2] = {box0, box1};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    return encode(map, type, 2, scratch, dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  if (make(&out->a_kmajor, row, kHopperTileM) != CUDA_SUCCESS ||
+      make(&out->a_mnmajor, row, row) != CUDA_SUCCESS ||
+      make(&out->b_kmajor, row, static_cast<uint32_t>(tile_n)) != CUDA_SUCCESS ||
+      make(&out->b_mnmajor, row, row) != CUDA_SUCCESS) {
+    return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+namespace {
+
+// True when the Hopper kernel can take `p`, counting the K-major copies that
+// the launcher makes of TF32 operands stored MN-major.
+bool HopperReady(const DeviceGemmProblem& p, DType input) {
+  if (input != DType::kFloat32) return GroupedGemmLauncher::HopperEligible(p, input);
+  DeviceGemmProblem relaid = p;
+  if (p.transpose_a) {  // Copied to an aligned buffer.
+    relaid.a = nullptr;
+    relaid.lda = 4;
+  }
+  if (!p.transpose_b) {
+    relaid.b = nullptr;
+    relaid.ldb = 4;
+  }
+  return GroupedGemmLauncher::HopperEligible(relaid, input);
+}
+
+// Decides each problem's path.
+std::vector<Path> Plan(absl::Span<const DeviceGemmProblem> problems,
+                       const GroupedGemmOptions& o, bool hopper) {
+  std::vector<Path> paths(problems.size(), Path::kSimt);
+  const bool tensor_core_type = o.input == DType::kBFloat16 || o.input == DType::kFloat16 ||
+                                (o.input == DType::kFloat32 && o.precision == Precision::kTF32);
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const DeviceGemmProblem& p = problems[i];
+    if (o.family == KernelFamily::kCublas) {
+      // cuBLAS has no bfloat16 x bfloat16 -> float16 (or the reverse).
+      const bool mixed16 = (o.input == DType::kBFloat16 && o.output == DType::kFloat16) ||
+                           (o.input == DType::kFloat16 && o.output == DType::kBFloat16);
+      paths[i] = mixed16 ? Path::kSimt : Path::kCublas;
+    } else if (tensor_core_type && hopper && p.k > 0 && HopperReady(p, o.input)) {
+      paths[i] = Path::kHopper;
+    } else if (tensor_core_type && !hopper && o.output != DType::kFloat16 &&
+               o.output != DType::kBFloat16) {
+      paths[i] = Path::kCublas;  // No sm_90a: cuBLAS's tensor cores.
+    } else if (!tensor_core_type && o.cublas_min_flops > 0 && Flops(p) >= o.cublas_min_flops) {
+      paths[i] = Path::kCublas;
+    }
+  }
+  return paths;
+}
+
+WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::vector<Path>& paths,
+                       const GroupedGemmOptions& o) {
+  size_t hopper = 0, simt = 0, transposes = 0;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    if (paths[i] == Path::kHopper) {
+      ++hopper;
+      if (o.input == DType::kFloat32) transposes += Tf32TransposeBytes(problems[i]);
+    } else if (paths[i] == Path::kSimt) {
+      ++simt;
+    }
+  }
+  WorkspaceLayout l;
+  size_t at = 0;
+  l.hopper_table = at;
+  at += AlignUp(hopper * sizeof(DeviceGemmProblem));
+  l.hopper_offsets = at;
+  at += AlignUp((hopper + 1) * sizeof(int32_t));
+  l.hopper_flags = at;
+  at += AlignUp(hopper * sizeof(unsigned long long));
+  l.hopper_maps = at;
+  at += AlignUp(hopper * 2 * sizeof(CUtensorMap));
+  l.simt_table = at;
+  at += AlignUp(simt * sizeof(DeviceGemmProblem));
+  l.simt_offsets = at;
+  at += AlignUp((simt + 1) * sizeof(int32_t));
+  l.transposes = at;
+  at += transposes;
+  l.total = at;
+  return l;
+}
+
+cublasComputeType_t ComputeType(const GroupedGemmOptions& o) {
+  if (o.input == DType::kFloat64) return CUBLAS_COMPUTE_64F;
+  if (o.input == DType::kFloat32 && o.precision == Precision::kTF32) {
+    return CUBLAS_COMPUTE_32F_FAST_TF32;
+  }
+  return CUBLAS_COMPUTE_32F;
+}
+
+cudaDataType_t CudaType(DType t) {
+  switch (t) {
+    case DType::kFloat32: return CUDA_R_32F;
+    case DType::kFloat64: return CUDA_R_64F;
+    case DType::kFloat16: return CUDA_R_16F;
+    case DType::kBFloat16: return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+// D = alpha op(A) op(B) + beta C through cuBLAS (column-major: D^T = op(B)^T op(A)^T).
+absl::Status RunCublas(cublasHandle_t handle, const DeviceGemmProblem& p,
+                       const GroupedGemmOptions& o, cudaStream_t stream) {
+  const size_t out_size = ElementSize(o.output);
+  if (p.beta != 0.0 && p.c != p.d) {
+    cudaError_t e = cudaMemcpy2DAsync(p.d, p.ldd * out_size, p.c, p.ldc * out_size,
+                                      p.n * out_size, p.m, cudaMemcpyDeviceToDevice, stream);
+    if (e != cudaSuccess) return absl::InternalError(CudaErrorString(e));
+  }
+  const float alpha_f = static_cast<float>(p.alpha), beta_f = static_cast<float>(p.beta);
+  const double alpha_d = p.alpha, beta_d = p.beta;
+  const bool f64 = o.input == DType::kFloat64;
+  const cublasStatus_t s = cublasGemmEx(
+      handle, p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(p.n), static_cast<int>(p.m), static_cast<int>(p.k),
+      f64 ? static_cast<const void*>(&alpha_d) : &alpha_f, p.b, CudaType(o.input),
+      static_cast<int>(p.ldb), p.a, CudaType(o.input), static_cast<int>(p.lda),
+      f64 ? static_cast<const void*>(&beta_d) : &beta_f, p.d, CudaType(o.output),
+      static_cast<int>(p.ldd), ComputeType(o), CUBLAS_GEMM_DEFAULT);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cublasGemmEx failed: ", cublasGetStatusString(s)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t GroupedGemmLauncher::WorkspaceBytes(absl::Span<const DeviceGemmProblem> problems,
+                                           const GroupedGemmOptions& options) const {
+  return Layout(problems, Plan(problems, options, hopper_), options).total;
+}
+
+absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> problems,
+                                      const GroupedGemmOptions& options, void* workspace,
+                                      size_t workspace_bytes, cudaStream_t stream,
+                                      LaunchReport* report) {
+  if (!IsSupportedOutput(options.input, options.output)) {
+    return absl::InvalidArgumentError(absl::StrCat("output ", DTypeName(options.output),
+                                                   " not supported for ", DTypeName(options.input)));
+  }
+  for (const DeviceGemmProblem& p : problems) {
+    if (p.m < 0 || p.n < 0 || p.k < 0 || p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX) {
+      return absl::InvalidArgumentError("problem dimensions out of range");
+    }
+  }
+  const std::vector<Path> paths = Plan(problems, options, hopper_);
+  const WorkspaceLayout layout = Layout(problems, paths, options);
+  if (workspace_bytes < layout.total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workspace of ", workspace_bytes, " bytes, need ", layout.total));
+  }
+  LaunchReport local;
+  LaunchReport& r = report != nullptr ? *report : local;
+  r = LaunchReport();
+  auto* ws = static_cast<uint8_t*>(workspace);
+  auto check = [](cudaError_t e) -> absl::Status {
+    if (e != cudaSuccess) return absl::InternalError(CudaErrorString(e));
+    return absl::OkStatus();
+  };
+
+  // ---- Hopper problems --------------------------------------------------------
+  std::vector<DeviceGemmProblem> hopper;
+  size_t transpose_at = layout.transposes;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    if (paths[i] != Path::kHopper) continue;
+    DeviceGemmProblem p = problems[i];
+    if (options.input == DType::kFloat32) {
+      // TF32 wgmma reads K-major operands only: re-lay out the others.
+      if (p.transpose_a) {  // Stored k x m -> m x k.
+        const int64_t ld = AlignUp(p.k * 4, 16) / 4;
+        auto* dst = reinterpret_cast<float*>(ws + transpose_at);
+        if (auto s = check(LaunchTranspose32(static_cast<const float*>(p.a), p.k, p.m, p.lda, dst,
+                                             ld, stream));
+            !s.ok()) {
+          return s;
+        }
+        ++r.launches;
+        p.a = dst;
+        p.lda = ld;
+        p.transpose_a = false;
+        transpose_at += AlignUp(static_cast<size_t>(p.m) * ld * 4);
+      }
+      if (!p.transpose_b) {  // Stored k x n -> n x k.
+        const int64_t ld = AlignUp(p.k * 4, 16) / 4;
+        auto* dst = reinterpret_cast<float*>(ws + transpose_at);
+        if (auto s = check(LaunchTranspose32(static_cast<const float*>(p.b), p.k, p.n, p.ldb, dst,
+                                             ld, stream));
+            !s.ok()) {
+          return s;
+        }
+        ++r.launches;
+        p.b = dst;
+        p.ldb = ld;
+        p.transpose_b = true;
+        transpose_at += AlignUp(static_cast<size_t>(p.n) * ld * 4);
+      }
+      if (!HopperEligible(p, DType::kFloat32)) {
+        return absl::InvalidArgumentError("TF32 operands must be 16-byte aligned");
+      }
+    }
+    hopper.push_back(p);
+  }
+  if (!hopper.empty()) {
+    // Wide tiles unless that leaves SMs idle.
+    auto tiles_for = [&](int tile_n) {
+      int64_t total = 0;
+      for (const auto& p : hopper) total += CeilDiv(p.m, kHopperTileM) * CeilDiv(p.n, tile_n);
+      return total;
+    };
+    int tile_n = kHopperWideN;
+    if (tiles_for(kHopperWideN) < 2 * num_sms_) tile_n = kHopperNarrowN;
+    const int64_t total = tiles_for(tile_n);
+    if (total > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
+    // Table, offsets and zeroed flags in one host buffer, one copy.
+    const size_t table_bytes = layout.hopper_maps - layout.hopper_table;
+    std::vector<uint8_t> host(table_bytes, 0);
+    std::memcpy(host.data(), hopper.data(), hopper.size() * sizeof(DeviceGemmProblem));
+    auto* offsets = reinterpret_cast<int32_t*>(host.data() + layout.hopper_offsets - layout.hopper_table);
+    int32_t at = 0;
+    for (size_t i = 0; i < hopper.size(); ++i) {
+      offsets[i] = at;
+      at += static_cast<int32_t>(CeilDiv(hopper[i].m, kHopperTileM) * CeilDiv(hopper[i].n, tile_n));
+    }
+    offsets[hopper.size()] = at;
+    if (auto s = check(impl_->Upload(ws + layout.hopper_table, host.data(), table_bytes, stream));
+        !s.ok()) {
+      return s;
+    }
+    HopperLaunch l;
+    l.input = options.input;
+    l.output = options.output;
+    l.tile_n = tile_n;
+    l.problems = reinterpret_cast<const DeviceGemmProblem*>(ws + layout.hopper_table);
+    l.tile_offsets = reinterpret_cast<const int32_t*>(ws + layout.hopper_offsets);
+    l.num_problems = static_cast<int>(hopper.size());
+    l.total_tiles = static_cast<int>(total);
+    l.maps = reinterpret_cast<CUtensorMap*>(ws + layout.hopper_maps);
+    l.map_flags = reinterpret_cast<unsigned long long*>(ws + layout.hopper_flags);
+    l.epoch = 1;  // Flags were zeroed by the copy above.
+    l.grid = options.family == KernelFamily::kNonPersistent
+                 ? static_cast<int>(total)
+                 : static_cast<int>(std::min<int64_t>(total, num_sms_));
+    l.templates = &impl_->templates.at({options.input, tile_n});
+    l.stream = stream;
+    if (auto s = check(LaunchHopperGemm(l)); !s.ok()) return s;
+    ++r.launches;
+    r.hopper_problems = static_cast<int>(hopper.size());
+    r.hopper_tile = absl::StrCat(kHopperTileM, "x", tile_n);
+  }
+
+  // ---- SIMT problems ------------------------------------------------------------
+  std::vector<DeviceGemmProblem> simt;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    if (paths[i] == Path::kSimt) simt.push_back(problems[i]);
+  }
+  if (!simt.empty()) {
+    const size_t table_bytes = layout.transposes - layout.simt_table;
+    std::vector<uint8_t> host(table_bytes, 0);
+    std::memcpy(host.data(), simt.data(), simt.size() * sizeof(DeviceGemmProblem));
+    auto* offsets = reinterpret_cast<int32_t*>(host.data() + layout.simt_offsets - layout.simt_table);
+    int64_t at = 0;
+    for (size_t i = 0; i < simt.size(); ++i) {
+      offsets[i] = static_cast<int32_t>(at);
+      at += CeilDiv(simt[i].m, kSimtTile) * CeilDiv(simt[i].n, kSimtTile);
+    }
+    if (at > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
+    offsets[simt.size()] = static_cast<int32_t>(at);
+    if (auto s = check(impl_->Upload(ws + layout.simt_table, host.data(), table_bytes, stream));
+        !s.ok()) {
+      return s;
+    }
+    SimtLaunch l;
+    l.input = options.input;
+    l.output = options.output;
+    l.problems = reinterpret_cast<const DeviceGemmProblem*>(ws + layout.simt_table);
+    l.tile_offsets = reinterpret_cast<const int32_t*>(ws + layout.simt_offsets);
+    l.num_problems = static_cast<int>(simt.size());
+    l.total_tiles = static_cast<int>(at);
+    // Four 256-thread blocks fit an SM alongside each other.
+    l.grid = options.family == KernelFamily::kNonPersistent
+                 ? l.total_tiles
+                 : static_cast<int>(std::min<int64_t>(at, 4 * num_sms_));
+    l.stream = stream;
+    if (auto s = check(LaunchSimtGemm(l)); !s.ok()) return s;
+    ++r.launches;
+    r.simt_problems = static_cast<int>(simt.size());
+  }
+
+  // ---- cuBLAS problems ----------------------------------------------------------
+  for (size_t i = 0; i < problems.size(); ++i) {
+    if (paths[i] != Path::kCublas) continue;
+    absl::StatusOr<cublasHandle_t> handle = impl_->Cublas(stream);
+    if (!handle.ok()) return handle.status();
+    if (auto s = RunCublas(*handle, problems[i], options, stream); !s.ok()) return s;
+    ++r.launches;
+    ++r.cublas_problems;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace matmul::cuda

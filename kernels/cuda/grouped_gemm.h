@@ -1,0 +1,119 @@
+// Grouped GEMM on the GPU: one launch runs a whole batch of problems of
+// different shapes. Operands are already in device memory; this layer knows
+// nothing of staging or pools (see cuda_engine.h for that).
+//
+//   std::vector<DeviceGemmProblem> problems = ...;   // device pointers
+//   GroupedGemmLauncher launcher = *GroupedGemmLauncher::Create(device);
+//   size_t bytes = launcher.WorkspaceBytes(problems, options);
+//   absl::Status s = launcher.Run(problems, options, workspace, bytes, stream);
+//
+// Kernel families:
+//  * kPersistent: bf16/fp16 (and float32 with TF32 allowed) go to a
+//    warp-specialized Hopper kernel (TMA loads on mbarriers, wgmma, a
+//    producer warpgroup and two consumer warpgroups, a multi-stage shared
+//    memory pipeline) on a persistent grid of one CTA per SM that walks one
+//    tile list covering every problem. Exact float32 and float64 go to a
+//    persistent SIMT kernel (FFMA/DFMA) for small problems and cuBLAS for
+//    large ones, where cuBLAS is faster.
+//  * kNonPersistent: the same kernels, one CTA per output tile.
+//  * kCublas: one cuBLAS call per problem (reference and baseline).
+// Problems the Hopper kernel cannot take (rows not 16-byte aligned, or a
+// GPU without sm_90a) run on the SIMT kernel.
+#ifndef MATMUL_KERNELS_CUDA_GROUPED_GEMM_H_
+#define MATMUL_KERNELS_CUDA_GROUPED_GEMM_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/dtype.h"
+
+namespace matmul::cuda {
+
+// One problem in device memory: D = alpha * op(A) * op(B) + beta * C, all
+// row-major with leading dimensions in elements.
+struct DeviceGemmProblem {
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0, ldd = 0;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const void* c = nullptr;  // Read only when beta != 0.
+  void* d = nullptr;
+  double alpha = 1.0;
+  double beta = 0.0;
+  bool transpose_a = false;
+  bool transpose_b = false;
+};
+
+enum class KernelFamily { kPersistent, kNonPersistent, kCublas };
+
+struct GroupedGemmOptions {
+  DType input = DType::kBFloat16;
+  DType output = DType::kBFloat16;
+  Precision precision = Precision::kDefault;
+  KernelFamily family = KernelFamily::kPersistent;
+  // Exact float32/float64 problems with at least this many FLOPs go to
+  // cuBLAS under kPersistent (our SIMT kernel is slower there); 0 = never.
+  double cublas_min_flops = 2.0 * 512 * 512 * 512;
+};
+
+// What ran, for benchmarks and tests.
+struct LaunchReport {
+  // Kernel launches (including helper kernels such as TF32 transposes).
+  int launches = 0;
+  // Problems that went to each path.
+  int hopper_problems = 0;
+  int simt_problems = 0;
+  int cublas_problems = 0;
+  // "128x256" or "128x128" for the Hopper tiles used.
+  std::string hopper_tile;
+};
+
+class GroupedGemmLauncher {
+ public:
+  // Prepares kernels for `device` (the current device must be `device`).
+  static absl::StatusOr<std::unique_ptr<GroupedGemmLauncher>> Create(int device);
+  ~GroupedGemmLauncher();
+
+  // Device workspace `Run` needs for this batch (problem table, tile list,
+  // tensor maps, TF32 transposes).
+  size_t WorkspaceBytes(absl::Span<const DeviceGemmProblem> problems,
+                        const GroupedGemmOptions& options) const;
+
+  // Enqueues the batch on `stream`; returns once it is enqueued. The
+  // workspace must stay untouched until the stream passes this point, and
+  // must not be shared with a concurrent Run. Validates types and sizes.
+  absl::Status Run(absl::Span<const DeviceGemmProblem> problems,
+                   const GroupedGemmOptions& options, void* workspace, size_t workspace_bytes,
+                   cudaStream_t stream, LaunchReport* report = nullptr);
+
+  // True when this GPU runs the Hopper (sm_90a) kernels.
+  bool has_hopper_kernels() const { return hopper_; }
+  int num_sms() const { return num_sms_; }
+
+  // True when the Hopper kernel can take this problem (16-byte aligned rows
+  // and base addresses).
+  static bool HopperEligible(const DeviceGemmProblem& p, DType input);
+
+ private:
+  GroupedGemmLauncher() = default;
+  struct Impl;
+
+  int device_ = 0;
+  int num_sms_ = 0;
+  bool hopper_ = false;
+  // cuBLAS handle and tensor-map templates.
+  std::unique_ptr<Impl> impl_;
+};
+
+// "cudaErrorInvalidValue: invalid argument" for logs and statuses.
+std::string CudaErrorString(cudaError_t error);
+
+}  // namespace matmul::cuda
+
+#endif  // MATMUL_KERNELS_CUDA_GROUPED_GEMM_H_

@@ -1,0 +1,559 @@
+// The Hopper grouped GEMM: a persistent, warp-specialized kernel.
+//
+// Block: 3 warpgroups. Warpgroup 0 is the producer (registers given back with
+// setmaxnreg): one thread issues TMA loads of A and B tiles into a ring of
+// shared-memory stages, each completing on a "full" mbarrier. Warpgroups 1
+// and 2 are consumers (registers raised with setmaxnreg): each owns 64 rows
+// of the 128-row output tile, waits for a full stage, runs wgmma on it from
+// shared memory, and releases the stage on its "empty" mbarrier. The grid
+// walks one tile list that covers every problem of the batch (tile t goes to
+// CTA t mod grid); within a problem tiles go in groups of 8 tile-rows so that
+// neighbouring CTAs share A and B panels in L2.
+//
+// Tensor maps: TMA needs one map per operand. The host encodes templates
+// (box, swizzle, element type) once; the first CTA that needs a problem
+// patches a copy with the problem's address, sizes and stride
+// (tensormap.replace), publishes it to global memory and flags it; others
+// wait for the flag. No host work per problem.
+//
+// Layouts: A is K-major (stored m x k) or MN-major (stored k x m); B is
+// K-major (stored n x k) or MN-major (stored k x n). All four combinations
+// run with wgmma's transpose bits for 16-bit types; TF32 needs K-major
+// operands (the launcher transposes others first).
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/wgmma_ops.cuh"
+
+namespace matmul::cuda {
+namespace {
+
+constexpr int kBM = kHopperTileM;
+constexpr int kRowBytes = 128;           // One swizzle row: BK elements.
+constexpr int kThreads = 384;            // Producer + 2 consumer warpgroups.
+constexpr int kGroupRows = 8;            // Tile-rows per rasterization group.
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarriers ---------------------------------------------------------------
+
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred ready;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 ready, [%0], %1;\n"
+      "@!ready bra WAIT;\n"
+      "}\n" ::"r"(SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// ---- TMA and tensor maps -------------------------------------------------------
+
+__device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, int c0, int c1,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+// Patches a tensor map in shared memory: base address, the two extents
+// (dim 0 innermost) and the byte stride of dim 1.
+__device__ __forceinline__ void PatchMap(void* smem_map, const void* base, uint32_t dim0,
+                                         uint32_t dim1, uint64_t stride_bytes) {
+  const uint32_t s = SmemAddr(smem_map);
+  asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(s),
+               "l"(reinterpret_cast<uint64_t>(base))
+               : "memory");
+  asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 0, %1;" ::"r"(s),
+               "r"(dim0)
+               : "memory");
+  asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" ::"r"(s),
+               "r"(dim1)
+               : "memory");
+  asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 0, %1;" ::"r"(s),
+               "l"(stride_bytes)
+               : "memory");
+}
+
+// Whole warp: copies a patched map to global memory, releasing it to the
+// tensor-map proxy.
+__device__ __forceinline__ void PublishMap(CUtensorMap* global_map, const void* smem_map) {
+  asm volatile(
+      "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned"
+      " [%0], [%1], 128;" ::"l"(reinterpret_cast<uint64_t>(global_map)),
+      "r"(SmemAddr(smem_map))
+      : "memory");
+}
+
+__device__ __forceinline__ void AcquireMap(const CUtensorMap* global_map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
+                   reinterpret_cast<uint64_t>(global_map))
+               : "memory");
+}
+
+__device__ __forceinline__ unsigned long long LoadAcquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// ---- wgmma ------------------------------------------------------------------
+
+// Shared-memory matrix descriptor, 128-byte swizzle.
+__device__ __forceinline__ uint64_t Desc(uint32_t smem_addr, uint32_t lbo_bytes,
+                                         uint32_t sbo_bytes) {
+  uint64_t d = static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
+  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
+  d |= uint64_t{1} << 62;
+  return d;
+}
+
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaWaitAll() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+
+// Keeps the compiler from moving accumulator accesses across wgmma's
+// asynchronous writes.
+template <int N>
+__device__ __forceinline__ void FenceRegisters(float (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+
+// ---- element types -------------------------------------------------------------
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<__nv_bfloat16> {
+  static constexpr int kBK = 64;   // Elements per 128-byte row.
+  static constexpr int kStep = 16; // K per wgmma.
+};
+template <>
+struct Elem<__half> {
+  static constexpr int kBK = 64;
+  static constexpr int kStep = 16;
+};
+template <>
+struct Elem<float> {  // TF32
+  static constexpr int kBK = 32;
+  static constexpr int kStep = 8;
+};
+
+template <typename T, int BN, int kAmn, int kBmn>
+__device__ __forceinline__ void Mma(float (&acc)[BN / 2], uint64_t da, uint64_t db) {
+  if constexpr (sizeof(T) == 4) {
+    if constexpr (BN == 256) wgmma::MmaTf32N256(acc, da, db, 1);
+    else wgmma::MmaTf32N128(acc, da, db, 1);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (BN == 256) wgmma::MmaBf16N256<kAmn, kBmn>(acc, da, db, 1);
+    else wgmma::MmaBf16N128<kAmn, kBmn>(acc, da, db, 1);
+  } else {
+    if constexpr (BN == 256) wgmma::MmaF16N256<kAmn, kBmn>(acc, da, db, 1);
+    else wgmma::MmaF16N128<kAmn, kBmn>(acc, da, db, 1);
+  }
+}
+
+// ---- the kernel ------------------------------------------------------------------
+
+struct Params {
+  HopperTemplates templates;
+  const DeviceGemmProblem* problems;
+  const int32_t* tile_offsets;
+  int num_problems;
+  int total_tiles;
+  CUtensorMap* maps;
+  unsigned long long* map_flags;
+  unsigned long long epoch;
+  DType output;
+};
+
+template <int BN>
+struct Layout {
+  static constexpr int kStages = BN == 256 ? 4 : 6;
+  static constexpr int kABytes = kBM * kRowBytes;       // 16 KiB per stage
+  static constexpr int kBBytes = BN * kRowBytes;        // 32 or 16 KiB per stage
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  // Stages (1024-byte aligned), then 2*kStages barriers, then two 128-byte
+  // tensor-map scratch slots.
+  static constexpr int kBarrierOffset = kStages * kStageBytes;
+  static constexpr int kMapOffset = kBarrierOffset + 2 * kStages * 8 + 128;
+  static constexpr int kBytes = kMapOffset + 2 * 128 + 1024;  // + alignment slack
+};
+
+// Problem and tile coordinates of global tile `tile`.
+struct TileCoord {
+  int problem;
+  int tile_m;
+  int tile_n;
+};
+
+template <int BN>
+__device__ __forceinline__ TileCoord Locate(const Params& p, int tile) {
+  int lo = 0, hi = p.num_problems - 1;
+  while (lo < hi) {  // Last problem whose first tile is <= tile.
+    const int mid = (lo + hi + 1) >> 1;
+    if (__ldg(&p.tile_offsets[mid]) <= tile) lo = mid;
+    else hi = mid - 1;
+  }
+  const DeviceGemmProblem& pr = p.problems[lo];
+  const int local = tile - __ldg(&p.tile_offsets[lo]);
+  const int tiles_m = static_cast<int>((pr.m + kBM - 1) / kBM);
+  const int tiles_n = static_cast<int>((pr.n + BN - 1) / BN);
+  const int per_group = kGroupRows * tiles_n;
+  const int group = local / per_group;
+  const int first_m = group * kGroupRows;
+  const int rows = min(tiles_m - first_m, kGroupRows);
+  const int in_group = local - group * per_group;
+  return {lo, first_m + in_group % rows, in_group / rows};
+}
+
+// Producer warp: makes sure problem `prob`'s tensor maps are built and
+// visible; returns them.
+template <typename T>
+__device__ void EnsureMaps(const Params& p, int prob, CUtensorMap* scratch,
+                           const CUtensorMap** map_a, const CUtensorMap** map_b) {
+  const int lane = threadIdx.x & 31;
+  CUtensorMap* ga = p.maps + 2 * prob;
+  CUtensorMap* gb = ga + 1;
+  unsigned long long* flag = p.map_flags + prob;
+  const unsigned long long building = 2 * p.epoch - 1;
+  const unsigned long long ready = 2 * p.epoch;
+  int state = 0;  // 0: built already, 1: this warp builds, 2: another CTA builds.
+  if (lane == 0) {
+    const unsigned long long old = atomicMax(flag, building);
+    state = old < building ? 1 : (old == ready ? 0 : 2);
+  }
+  state = __shfl_sync(0xffffffffu, state, 0);
+  if (state == 1) {
+    const DeviceGemmProblem& pr = p.problems[prob];
+    const CUtensorMap* ta = pr.transpose_a ? &p.templates.a_mnmajor : &p.templates.a_kmajor;
+    const CUtensorMap* tb = pr.transpose_b ? &p.templates.b_kmajor : &p.templates.b_mnmajor;
+    // 128 bytes each: lanes 0-15 copy A's template, 16-31 B's.
+    const uint64_t* src = reinterpret_cast<const uint64_t*>(lane < 16 ? ta : tb);
+    reinterpret_cast<uint64_t*>(scratch + (lane < 16 ? 0 : 1))[lane & 15] = src[lane & 15];
+    __syncwarp();
+    if (lane == 0) {
+      const uint64_t sz = sizeof(T);
+      if (pr.transpose_a) {  // Stored k x m.
+        PatchMap(scratch, pr.a, static_cast<uint32_t>(pr.m), static_cast<uint32_t>(pr.k),
+                 pr.lda * sz);
+      } else {  // Stored m x k.
+        PatchMap(scratch, pr.a, static_cast<uint32_t>(pr.k), static_cast<uint32_t>(pr.m),
+                 pr.lda * sz);
+      }
+      if (pr.transpose_b) {  // Stored n x k.
+        PatchMap(scratch + 1, pr.b, static_cast<uint32_t>(pr.k), static_cast<uint32_t>(pr.n),
+                 pr.ldb * sz);
+      } else {  // Stored k x n.
+        PatchMap(scratch + 1, pr.b, static_cast<uint32_t>(pr.n), static_cast<uint32_t>(pr.k),
+                 pr.ldb * sz);
+      }
+    }
+    __syncwarp();
+    PublishMap(ga, scratch);
+    PublishMap(gb, scratch + 1);
+    if (lane == 0) {
+      __threadfence();
+      atomicExch(flag, ready);
+    }
+  } else if (state == 2 && lane == 0) {
+    while (LoadAcquire(flag) != ready) __nanosleep(64);
+  }
+  __syncwarp();
+  if (lane == 0) {
+    AcquireMap(ga);
+    AcquireMap(gb);
+  }
+  *map_a = ga;
+  *map_b = gb;
+}
+
+template <typename T, int BN>
+__device__ void Produce(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty,
+                        CUtensorMap* scratch) {
+  using L = Layout<BN>;
+  constexpr int BK = Elem<T>::kBK;
+  const int lane = threadIdx.x & 31;
+  int seq = 0;
+  int current = -1;
+  const CUtensorMap* map_a = nullptr;
+  const CUtensorMap* map_b = nullptr;
+  for (int tile = blockIdx.x; tile < p.total_tiles; tile += gridDim.x) {
+    const TileCoord t = Locate<BN>(p, tile);
+    if (t.problem != current) {
+      EnsureMaps<T>(p, t.problem, scratch, &map_a, &map_b);
+      current = t.problem;
+    }
+    const DeviceGemmProblem& pr = p.problems[t.problem];
+    const int kblocks = static_cast<int>((pr.k + BK - 1) / BK);
+    if (lane == 0) {
+      const int m0 = t.tile_m * kBM;
+      const int n0 = t.tile_n * BN;
+      for (int kb = 0; kb < kblocks; ++kb, ++seq) {
+        const int s = seq % L::kStages;
+        MbarWait(&empty[s], ((seq / L::kStages) & 1) ^ 1);
+        MbarExpectTx(&full[s], L::kStageBytes);
+        uint8_t* sa = stages + s * L::kStageBytes;
+        uint8_t* sb = sa + L::kABytes;
+        const int k0 = kb * BK;
+        if (pr.transpose_a) {  // MN-major: two 64-wide boxes.
+          TmaLoad2d(sa, map_a, m0, k0, &full[s]);
+          TmaLoad2d(sa + BK * kRowBytes, map_a, m0 + 64, k0, &full[s]);
+        } else {
+          TmaLoad2d(sa, map_a, k0, m0, &full[s]);
+        }
+        if (pr.transpose_b) {  // K-major: one box of BN rows.
+          TmaLoad2d(sb, map_b, k0, n0, &full[s]);
+        } else {
+#pragma unroll
+          for (int h = 0; h < BN / 64; ++h) {
+            TmaLoad2d(sb + h * BK * kRowBytes, map_b, n0 + h * 64, k0, &full[s]);
+          }
+        }
+      }
+    } else {
+      seq += kblocks;
+    }
+    __syncwarp();
+  }
+}
+
+template <typename TOut>
+__device__ __forceinline__ void StorePair(TOut* d, float v0, float v1, bool two, bool paired);
+
+template <>
+__device__ __forceinline__ void StorePair<float>(float* d, float v0, float v1, bool two,
+                                                 bool paired) {
+  if (two && paired) {
+    *reinterpret_cast<float2*>(d) = make_float2(v0, v1);
+  } else {
+    d[0] = v0;
+    if (two) d[1] = v1;
+  }
+}
+template <>
+__device__ __forceinline__ void StorePair<__nv_bfloat16>(__nv_bfloat16* d, float v0, float v1,
+                                                         bool two, bool paired) {
+  if (two && paired) {
+    *reinterpret_cast<__nv_bfloat162*>(d) = __floats2bfloat162_rn(v0, v1);
+  } else {
+    d[0] = __float2bfloat16_rn(v0);
+    if (two) d[1] = __float2bfloat16_rn(v1);
+  }
+}
+template <>
+__device__ __forceinline__ void StorePair<__half>(__half* d, float v0, float v1, bool two,
+                                                  bool paired) {
+  if (two && paired) {
+    *reinterpret_cast<__half2*>(d) = __floats2half2_rn(v0, v1);
+  } else {
+    d[0] = __float2half_rn(v0);
+    if (two) d[1] = __float2half_rn(v1);
+  }
+}
+
+__device__ __forceinline__ float LoadOut(const float* p) { return *p; }
+__device__ __forceinline__ float LoadOut(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float LoadOut(const __half* p) { return __half2float(*p); }
+
+// Writes a consumer warpgroup's 64 x BN accumulators (alpha/beta applied).
+template <typename TOut, int BN>
+__device__ void Epilogue(const DeviceGemmProblem& pr, const float (&acc)[BN / 2], int row0,
+                         int col0) {
+  const int t = threadIdx.x & 127;
+  const int warp = t >> 5, lane = t & 31;
+  const float alpha = static_cast<float>(pr.alpha);
+  const float beta = static_cast<float>(pr.beta);
+  const bool use_c = pr.beta != 0.0;
+  TOut* d = static_cast<TOut*>(pr.d);
+  const TOut* c = static_cast<const TOut*>(pr.c);
+  const bool paired = (pr.ldd % 2 == 0) && (reinterpret_cast<uintptr_t>(d) % (2 * sizeof(TOut)) == 0);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = row0 + warp * 16 + (lane >> 2) + half * 8;
+    if (row >= pr.m) continue;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int64_t col = col0 + j * 8 + (lane & 3) * 2;
+      if (col >= pr.n) continue;
+      const bool two = col + 1 < pr.n;
+      float v0 = alpha * acc[j * 4 + half * 2 + 0];
+      float v1 = alpha * acc[j * 4 + half * 2 + 1];
+      if (use_c) {
+        const TOut* cp = c + row * pr.ldc + col;
+        v0 += beta * LoadOut(cp);
+        if (two) v1 += beta * LoadOut(cp + 1);
+      }
+      StorePair<TOut>(d + row * pr.ldd + col, v0, v1, two, paired);
+    }
+  }
+}
+
+template <typename T, int BN, int kAmn, int kBmn>
+__device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, uint64_t* full,
+                                         uint64_t* empty, int kblocks, int& seq, int wg) {
+  using L = Layout<BN>;
+  constexpr int BK = Elem<T>::kBK;
+  constexpr int kSteps = BK / Elem<T>::kStep;
+  for (int kb = 0; kb < kblocks; ++kb, ++seq) {
+    const int s = seq % L::kStages;
+    MbarWait(&full[s], (seq / L::kStages) & 1);
+    const uint32_t sa = SmemAddr(stages + s * L::kStageBytes);
+    const uint32_t sb = sa + L::kABytes;
+    WgmmaFence();
+#pragma unroll
+    for (int j = 0; j < kSteps; ++j) {
+      uint64_t da, db;
+      if constexpr (kAmn) {
+        // Box `wg` holds this warpgroup's 64 rows; a k-step is 16 rows of 128 B.
+        da = Desc(sa + wg * BK * kRowBytes + j * 16 * kRowBytes, BK * kRowBytes, 1024);
+      } else {
+        // 64 rows of 128 B per warpgroup; a k-step is 32 bytes along the row.
+        da = Desc(sa + wg * 64 * kRowBytes + j * 32, 16, 1024);
+      }
+      if constexpr (kBmn) {
+        db = Desc(sb + j * 16 * kRowBytes, BK * kRowBytes, 1024);
+      } else {
+        db = Desc(sb + j * 32, 16, 1024);
+      }
+      Mma<T, BN, kAmn, kBmn>(acc, da, db);
+    }
+    WgmmaCommit();
+    WgmmaWaitAll();
+    FenceRegisters(acc);
+    if ((threadIdx.x & 127) == 0) MbarArrive(&empty[s]);
+  }
+}
+
+template <typename T, int BN>
+__device__ void Consume(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty) {
+  constexpr int BK = Elem<T>::kBK;
+  const int wg = (threadIdx.x >> 7) - 1;  // 0 or 1
+  float acc[BN / 2];
+  int seq = 0;
+  for (int tile = blockIdx.x; tile < p.total_tiles; tile += gridDim.x) {
+    const TileCoord t = Locate<BN>(p, tile);
+    const DeviceGemmProblem& pr = p.problems[t.problem];
+    const int kblocks = static_cast<int>((pr.k + BK - 1) / BK);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+    FenceRegisters(acc);
+    if constexpr (sizeof(T) == 4) {
+      MainLoop<T, BN, 0, 0>(acc, stages, full, empty, kblocks, seq, wg);
+    } else {
+      const int layout = (pr.transpose_a ? 2 : 0) + (pr.transpose_b ? 0 : 1);
+      switch (layout) {
+        case 0: MainLoop<T, BN, 0, 0>(acc, stages, full, empty, kblocks, seq, wg); break;
+        case 1: MainLoop<T, BN, 0, 1>(acc, stages, full, empty, kblocks, seq, wg); break;
+        case 2: MainLoop<T, BN, 1, 0>(acc, stages, full, empty, kblocks, seq, wg); break;
+        default: MainLoop<T, BN, 1, 1>(acc, stages, full, empty, kblocks, seq, wg); break;
+      }
+    }
+    const int row0 = t.tile_m * kBM + wg * 64;
+    const int col0 = t.tile_n * BN;
+    switch (p.output) {
+      case DType::kFloat32: Epilogue<float, BN>(pr, acc, row0, col0); break;
+      case DType::kBFloat16: Epilogue<__nv_bfloat16, BN>(pr, acc, row0, col0); break;
+      default: Epilogue<__half, BN>(pr, acc, row0, col0); break;
+    }
+  }
+}
+
+template <typename T, int BN>
+__global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Layout<BN>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* stages = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint64_t* full = reinterpret_cast<uint64_t*>(stages + L::kBarrierOffset);
+  uint64_t* empty = full + L::kStages;
+  CUtensorMap* scratch = reinterpret_cast<CUtensorMap*>(
+      (reinterpret_cast<uintptr_t>(empty + L::kStages) + 127) & ~uintptr_t{127});
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kStages; ++s) {
+      MbarInit(&full[s], 1);
+      MbarInit(&empty[s], 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (threadIdx.x < 32) Produce<T, BN>(p, stages, full, empty, scratch);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    Consume<T, BN>(p, stages, full, empty);
+  }
+#endif
+}
+
+template <typename T, int BN>
+cudaError_t Launch(const HopperLaunch& l) {
+  using L = Layout<BN>;
+  auto kernel = HopperGroupedGemm<T, BN>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
+  if (e != cudaSuccess) return e;
+  Params p;
+  p.templates = *l.templates;
+  p.problems = l.problems;
+  p.tile_offsets = l.tile_offsets;
+  p.num_problems = l.num_problems;
+  p.total_tiles = l.total_tiles;
+  p.maps = l.maps;
+  p.map_flags = l.map_flags;
+  p.epoch = l.epoch;
+  p.output = l.output;
+  kernel<<<l.grid, kThreads, L::kBytes, l.stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchHopperGemm(const HopperLaunch& l) {
+  if (l.total_tiles == 0) return cudaSuccess;
+  if (l.tile_n != kHopperWideN && l.tile_n != kHopperNarrowN) return cudaErrorInvalidValue;
+  const bool wide = l.tile_n == kHopperWideN;
+  switch (l.input) {
+    case DType::kBFloat16:
+      return wide ? Launch<__nv_bfloat16, 256>(l) : Launch<__nv_bfloat16, 128>(l);
+    case DType::kFloat16:
+      return wide ? Launch<__half, 256>(l) : Launch<__half, 128>(l);
+    case DType::kFloat32:
+      return wide ? Launch<float, 256>(l) : Launch<float, 128>(l);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace matmul::cuda

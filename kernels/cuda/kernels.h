@@ -1,0 +1,89 @@
+// Launch entry points of the CUDA kernels, for the host-side launcher
+// (grouped_gemm.cc) and the benchmark. Plain C++: no CUDA device code here.
+#ifndef MATMUL_KERNELS_CUDA_KERNELS_H_
+#define MATMUL_KERNELS_CUDA_KERNELS_H_
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/grouped_gemm.h"
+#include "kernels/dtype.h"
+
+namespace matmul::cuda {
+
+// ---- Hopper (sm_90a) warp-specialized kernel --------------------------------
+
+// Rows of an output tile (two consumer warpgroups of 64 rows).
+inline constexpr int kHopperTileM = 128;
+
+// Tensor-map templates for one input dtype and tile width: box sizes,
+// swizzle and element type are set here on the host; address, sizes and
+// strides are patched per problem on the device.
+struct HopperTemplates {
+  CUtensorMap a_kmajor;   // A stored m x k (box: 128 rows x 128 bytes)
+  CUtensorMap a_mnmajor;  // A stored k x m (box: 64 columns x BK rows)
+  CUtensorMap b_kmajor;   // B stored n x k (box: BN rows x 128 bytes)
+  CUtensorMap b_mnmajor;  // B stored k x n (box: 64 columns x BK rows)
+};
+
+// Tile widths with a compiled kernel.
+inline constexpr int kHopperWideN = 256;
+inline constexpr int kHopperNarrowN = 128;
+
+// Encodes the templates (needs a live CUDA context; `scratch` is any
+// 16-byte-aligned device address, only used as a placeholder).
+cudaError_t EncodeHopperTemplates(DType input, int tile_n, void* scratch, HopperTemplates* out);
+
+struct HopperLaunch {
+  DType input = DType::kBFloat16;  // kFloat32 means TF32
+  DType output = DType::kBFloat16;
+  int tile_n = kHopperWideN;
+  // Device memory: the problem table, its tile prefix sums (count + 1),
+  // one tensor-map pair per problem and one build flag per problem.
+  const DeviceGemmProblem* problems = nullptr;
+  const int32_t* tile_offsets = nullptr;
+  int num_problems = 0;
+  int total_tiles = 0;
+  CUtensorMap* maps = nullptr;
+  unsigned long long* map_flags = nullptr;
+  // Distinguishes this launch's flag values from earlier launches' (>= 1,
+  // increasing per workspace).
+  unsigned long long epoch = 1;
+  // CTAs: the SM count for the persistent kernel, total_tiles for one CTA
+  // per tile.
+  int grid = 0;
+  const HopperTemplates* templates = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+cudaError_t LaunchHopperGemm(const HopperLaunch& launch);
+
+// ---- SIMT kernel (FFMA / DFMA; any alignment, any dtype) ---------------------
+
+inline constexpr int kSimtTile = 64;
+
+struct SimtLaunch {
+  DType input = DType::kFloat32;
+  DType output = DType::kFloat32;
+  const DeviceGemmProblem* problems = nullptr;
+  const int32_t* tile_offsets = nullptr;  // In kSimtTile x kSimtTile tiles.
+  int num_problems = 0;
+  int total_tiles = 0;
+  int grid = 0;
+  cudaStream_t stream = nullptr;
+};
+
+cudaError_t LaunchSimtGemm(const SimtLaunch& launch);
+
+// ---- Helpers -----------------------------------------------------------------
+
+// out (cols x rows, leading dimension ldo) = in^T for a rows x cols float
+// matrix with leading dimension ldi.
+cudaError_t LaunchTranspose32(const float* in, int64_t rows, int64_t cols, int64_t ldi, float* out,
+                              int64_t ldo, cudaStream_t stream);
+
+}  // namespace matmul::cuda
+
+#endif  // MATMUL_KERNELS_CUDA_KERNELS_H_

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs the GPU part of the suite on a machine with an NVIDIA GPU, from built
+# binaries: the kernel and engine tests, then the kernel benchmark.
+#
+#   tests/gpu/run_suite.sh BIN_DIR OUT_DIR [quick|full]
+#
+# BIN_DIR holds grouped_gemm_test, cuda_engine_test and gemm-bench (and a
+# lib/ beside it when the shared libraries travel with them). Logs and the
+# benchmark JSON go to OUT_DIR; a summary table is printed last.
+set -uo pipefail
+bin=$1 out=$2 mode=${3:-full}
+mkdir -p "$out"
+[[ -d $bin/../lib ]] && export LD_LIBRARY_PATH="$bin/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv | tee "$out/gpu.txt"
+summary=()
+run() {  # name, timeout, command...
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-22s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" "$(grep -E 'PASSED|FAILED|tests ran' "$out/$name.log" | tail -2 | tr '\n' ' ')")")
+}
+run grouped_gemm_test 420 "$bin/grouped_gemm_test" --gtest_brief=1
+run cuda_engine_test 240 "$bin/cuda_engine_test" --gtest_brief=1
+if [[ $mode == quick ]]; then
+  run gemm_bench 240 "$bin/gemm-bench" --quick --json="$out/gemm_bench.json"
+else
+  run gemm_bench 540 "$bin/gemm-bench" --json="$out/gemm_bench.json"
+fi
+grep -hE 'Failure|error:|Expected|Which is|LE\(|problem [0-9]+' "$out"/grouped_gemm_test.log "$out"/cuda_engine_test.log | head -40
+cat "$out/gemm_bench.log" | tail -60
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,223 @@
+// The grouped GEMM kernels on a real GPU against a float64 reference.
+// Without a GPU every test skips with a message.
+#include "kernels/cuda/grouped_gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_engine.h"
+#include "tests/kernels/cuda/gpu_test_util.h"
+
+namespace matmul::cuda {
+namespace {
+
+using testing::CheckAgainstReference;
+using testing::DeviceBatch;
+using testing::HostProblem;
+using testing::MakeHostProblem;
+
+class GroupedGemmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MATMUL_REQUIRE_GPU();
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    auto launcher = GroupedGemmLauncher::Create(0);
+    ASSERT_TRUE(launcher.ok()) << launcher.status();
+    launcher_ = *std::move(launcher);
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+  }
+  void TearDown() override {
+    if (workspace_ != nullptr) cudaFree(workspace_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  // Runs `host` as one batch and checks every problem; returns the report.
+  LaunchReport RunAndCheck(const std::vector<HostProblem>& host, DType in, DType out,
+                           Precision precision = Precision::kDefault,
+                           KernelFamily family = KernelFamily::kPersistent, size_t samples = 0,
+                           const std::string& what = "") {
+    DeviceBatch batch(host, in, out);
+    GroupedGemmOptions o;
+    o.input = in;
+    o.output = out;
+    o.precision = precision;
+    o.family = family;
+    LaunchReport report;
+    Run(batch, o, &report);
+    const double bound = ErrorBound(in, out, precision);
+    for (size_t i = 0; i < host.size(); ++i) {
+      const double err = CheckAgainstReference(host[i], batch.Download(i), in, out, samples);
+      EXPECT_LE(err, bound) << what << " problem " << i << ": " << host[i].m << "x" << host[i].n
+                            << "x" << host[i].k << " ta=" << host[i].transpose_a
+                            << " tb=" << host[i].transpose_b << " " << DTypeName(in) << "->"
+                            << DTypeName(out);
+    }
+    return report;
+  }
+
+  void Run(DeviceBatch& batch, const GroupedGemmOptions& o, LaunchReport* report) {
+    const size_t bytes = launcher_->WorkspaceBytes(batch.problems(), o);
+    if (bytes > workspace_bytes_) {
+      if (workspace_ != nullptr) cudaFree(workspace_);
+      ASSERT_EQ(cudaMalloc(&workspace_, bytes), cudaSuccess);
+      workspace_bytes_ = bytes;
+    }
+    const absl::Status s = launcher_->Run(batch.problems(), o, workspace_, workspace_bytes_, stream_, report);
+    ASSERT_TRUE(s.ok()) << s;
+    const cudaError_t e = cudaStreamSynchronize(stream_);
+    ASSERT_EQ(e, cudaSuccess) << CudaErrorString(e);
+  }
+
+  std::mt19937_64 rng_{std::random_device{}()};
+  std::unique_ptr<GroupedGemmLauncher> launcher_;
+  cudaStream_t stream_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+};
+
+struct TypeCase {
+  DType in, out;
+  Precision precision;
+};
+
+const TypeCase kTypes[] = {
+    {DType::kBFloat16, DType::kBFloat16, Precision::kDefault},
+    {DType::kFloat16, DType::kFloat16, Precision::kDefault},
+    {DType::kFloat32, DType::kFloat32, Precision::kTF32},
+    {DType::kFloat32, DType::kFloat32, Precision::kDefault},
+    {DType::kFloat64, DType::kFloat64, Precision::kDefault},
+};
+
+TEST_F(GroupedGemmTest, SquareSizesEveryDType) {
+  for (const TypeCase& t : kTypes) {
+    for (int64_t s : {64, 128, 256, 512, 1024, 2048}) {
+      if (t.in == DType::kFloat64 && s > 1024) continue;
+      RunAndCheck({MakeHostProblem(s, s, s, t.in, t.out, rng_)}, t.in, t.out, t.precision,
+                  KernelFamily::kPersistent, 0, absl::StrCat("square ", s));
+    }
+  }
+}
+
+TEST_F(GroupedGemmTest, LargeSquaresSampled) {
+  for (const TypeCase& t : {kTypes[0], kTypes[1], kTypes[2]}) {
+    for (int64_t s : {4096, 8192}) {
+      RunAndCheck({MakeHostProblem(s, s, s, t.in, t.out, rng_)}, t.in, t.out, t.precision,
+                  KernelFamily::kPersistent, 4096, absl::StrCat("square ", s));
+    }
+  }
+}
+
+TEST_F(GroupedGemmTest, SkinnyProblems) {
+  for (const TypeCase& t : kTypes) {
+    if (t.in == DType::kFloat64) continue;
+    for (int64_t m : {1, 16, 128}) {
+      RunAndCheck({MakeHostProblem(m, 4096, 4096, t.in, t.out, rng_)}, t.in, t.out, t.precision,
+                  KernelFamily::kPersistent, 0, absl::StrCat("skinny m=", m));
+    }
+  }
+}
+
+TEST_F(GroupedGemmTest, OddShapesTransposesAndScalars) {
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {1, 1, 1}, {1, 4097, 3}, {333, 1, 777}, {1000, 1000, 1000}, {17, 33, 65}, {130, 260, 72}};
+  for (const TypeCase& t : kTypes) {
+    std::vector<HostProblem> batch;
+    for (const auto& s : shapes) {
+      for (int v = 0; v < 4; ++v) {
+        batch.push_back(MakeHostProblem(s[0], s[1], s[2], t.in, t.out, rng_, v & 1, v & 2,
+                                        v == 3 ? -0.75 : 1.5, v >= 2 ? 0.5 : 0.0));
+      }
+    }
+    RunAndCheck(batch, t.in, t.out, t.precision, KernelFamily::kPersistent, 0,
+                absl::StrCat("odd ", DTypeName(t.in)));
+  }
+}
+
+TEST_F(GroupedGemmTest, OutputTypes) {
+  for (DType in : {DType::kBFloat16, DType::kFloat16}) {
+    for (DType out : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      std::vector<HostProblem> batch = {MakeHostProblem(300, 200, 100, in, out, rng_, false, false, 1, 0.25),
+                                        MakeHostProblem(64, 520, 128, in, out, rng_, true, true)};
+      RunAndCheck(batch, in, out);
+    }
+  }
+}
+
+TEST_F(GroupedGemmTest, UnalignedRowsTakeTheSimtPath) {
+  std::vector<HostProblem> batch = {
+      MakeHostProblem(100, 90, 80, DType::kBFloat16, DType::kBFloat16, rng_, false, false, 1, 0, 1, 3),
+      MakeHostProblem(64, 64, 64, DType::kBFloat16, DType::kBFloat16, rng_)};
+  const LaunchReport report = RunAndCheck(batch, DType::kBFloat16, DType::kBFloat16);
+  if (launcher_->has_hopper_kernels()) {
+    EXPECT_EQ(report.simt_problems, 1);
+    EXPECT_EQ(report.hopper_problems, 1);
+  }
+}
+
+std::vector<HostProblem> MixedBatch(int count, int max_dim, DType in, DType out,
+                                    std::mt19937_64& rng) {
+  std::uniform_int_distribution<int64_t> dim(1, max_dim);
+  std::vector<HostProblem> batch;
+  for (int i = 0; i < count; ++i) {
+    batch.push_back(MakeHostProblem(dim(rng), dim(rng), dim(rng), in, out, rng, rng() % 2,
+                                    rng() % 2, 1.0, rng() % 4 == 0 ? 1.0 : 0.0));
+  }
+  return batch;
+}
+
+TEST_F(GroupedGemmTest, GroupedBatchesOfManySizes) {
+  for (int count : {1, 7, 256, 1024}) {
+    const int max_dim = count >= 256 ? 160 : 700;
+    const LaunchReport report =
+        RunAndCheck(MixedBatch(count, max_dim, DType::kBFloat16, DType::kBFloat16, rng_),
+                    DType::kBFloat16, DType::kBFloat16, Precision::kDefault,
+                    KernelFamily::kPersistent, 0, absl::StrCat("batch of ", count));
+    if (launcher_->has_hopper_kernels()) EXPECT_LE(report.launches, 2) << "batch of " << count;
+  }
+}
+
+TEST_F(GroupedGemmTest, AllFamiliesAgree) {
+  for (const TypeCase& t : kTypes) {
+    const auto batch = MixedBatch(24, 300, t.in, t.out, rng_);
+    for (KernelFamily f : {KernelFamily::kPersistent, KernelFamily::kNonPersistent, KernelFamily::kCublas}) {
+      RunAndCheck(batch, t.in, t.out, t.precision, f, 0,
+                  absl::StrCat("family ", static_cast<int>(f), " ", DTypeName(t.in)));
+    }
+  }
+}
+
+TEST_F(GroupedGemmTest, RepeatedLaunchesGiveIdenticalResults) {
+  const auto host = MixedBatch(64, 400, DType::kBFloat16, DType::kFloat32, rng_);
+  DeviceBatch batch(host, DType::kBFloat16, DType::kFloat32);
+  GroupedGemmOptions o;
+  o.input = DType::kBFloat16;
+  o.output = DType::kFloat32;
+  Run(batch, o, nullptr);
+  std::vector<std::vector<uint8_t>> first;
+  for (size_t i = 0; i < host.size(); ++i) {
+    first.push_back(batch.Download(i));
+    EXPECT_LE(CheckAgainstReference(host[i], first.back(), o.input, o.output), 1e-2);
+  }
+  for (int rep = 0; rep < 200; ++rep) {
+    for (auto& p : batch.problems()) cudaMemset(p.d, 0xff, p.m * p.n * 4);
+    Run(batch, o, nullptr);
+  }
+  for (size_t i = 0; i < host.size(); ++i) {
+    EXPECT_EQ(batch.Download(i), first[i]) << "problem " << i << " changed between launches";
+  }
+}
+
+// Runs everywhere: without a GPU, the engine reports why instead of crashing.
+TEST(CudaEngineCreationTest, NoGpuIsACleanError) {
+  if (testing::NoGpuReason().empty()) GTEST_SKIP() << "a GPU is present; nothing to check";
+  absl::StatusOr<CudaEngineSet> engines = CreateCudaEngines({});
+  ASSERT_FALSE(engines.ok());
+  EXPECT_EQ(engines.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(engines.status().message().find("no usable GPU"), std::string::npos)
+      << engines.status();
+}
+
+}  // namespace
+}  // namespace matmul::cuda
