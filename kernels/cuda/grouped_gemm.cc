@@ -29,8 +29,10 @@ enum class Path { kHopper, kSimt, kCublas };
 
 // The pieces of a Run's workspace, in order.
 struct WorkspaceLayout {
-  // Hopper: table, tile offsets, map flags (zeroed with the table), maps.
-  size_t hopper_table = 0, hopper_offsets = 0, hopper_flags = 0, hopper_maps = 0;
+  // Hopper: table, tile offsets, map flags (zeroed with the table), the
+  // problem of each tile (sized for the narrow tiles, the larger count), maps.
+  size_t hopper_table = 0, hopper_offsets = 0, hopper_flags = 0, hopper_tile_problem = 0,
+         hopper_maps = 0;
   // SIMT: table and tile offsets.
   size_t simt_table = 0, simt_offsets = 0;
   // TF32 transposed operand copies.
@@ -248,10 +250,11 @@ std::vector<Path> Plan(absl::Span<const DeviceGemmProblem> problems,
 
 WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::vector<Path>& paths,
                        const GroupedGemmOptions& o) {
-  size_t hopper = 0, simt = 0, transposes = 0;
+  size_t hopper = 0, simt = 0, transposes = 0, hopper_tiles = 0;
   for (size_t i = 0; i < problems.size(); ++i) {
     if (paths[i] == Path::kHopper) {
       ++hopper;
+      hopper_tiles += CeilDiv(problems[i].m, kHopperTileM) * CeilDiv(problems[i].n, kHopperNarrowN);
       if (o.input == DType::kFloat32) transposes += Tf32TransposeBytes(problems[i]);
     } else if (paths[i] == Path::kSimt) {
       ++simt;
@@ -265,6 +268,8 @@ WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::
   at += AlignUp((hopper + 1) * sizeof(int32_t));
   l.hopper_flags = at;
   at += AlignUp(hopper * sizeof(unsigned long long));
+  l.hopper_tile_problem = at;
+  at += AlignUp(hopper_tiles * sizeof(int32_t));
   l.hopper_maps = at;
   at += AlignUp(hopper * 2 * sizeof(CUtensorMap));
   l.simt_table = at;
@@ -419,6 +424,11 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
       at += static_cast<int32_t>(CeilDiv(hopper[i].m, kHopperTileM) * CeilDiv(hopper[i].n, tile_n));
     }
     offsets[hopper.size()] = at;
+    auto* tile_problem = reinterpret_cast<int32_t*>(host.data() + layout.hopper_tile_problem -
+                                                    layout.hopper_table);
+    for (size_t i = 0; i < hopper.size(); ++i) {
+      std::fill(tile_problem + offsets[i], tile_problem + offsets[i + 1], static_cast<int32_t>(i));
+    }
     if (auto s = check(impl_->Upload(ws + layout.hopper_table, host.data(), table_bytes, stream));
         !s.ok()) {
       return s;
@@ -429,6 +439,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     l.tile_n = tile_n;
     l.problems = reinterpret_cast<const DeviceGemmProblem*>(ws + layout.hopper_table);
     l.tile_offsets = reinterpret_cast<const int32_t*>(ws + layout.hopper_offsets);
+    l.tile_problem = reinterpret_cast<const int32_t*>(ws + layout.hopper_tile_problem);
     l.num_problems = static_cast<int>(hopper.size());
     l.total_tiles = static_cast<int>(total);
     l.maps = reinterpret_cast<CUtensorMap*>(ws + layout.hopper_maps);

@@ -115,6 +115,10 @@ __device__ __forceinline__ void AcquireMap(const CUtensorMap* global_map) {
                : "memory");
 }
 
+__device__ __forceinline__ void PrefetchMap(const CUtensorMap* global_map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(global_map)) : "memory");
+}
+
 __device__ __forceinline__ unsigned long long LoadAcquire(const unsigned long long* p) {
   unsigned long long v;
   asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -137,8 +141,9 @@ __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.al
 __device__ __forceinline__ void WgmmaCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
-__device__ __forceinline__ void WgmmaWaitAll() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 }
 
 // Keeps the compiler from moving accumulator accesses across wgmma's
@@ -189,6 +194,7 @@ struct Params {
   HopperTemplates templates;
   const DeviceGemmProblem* problems;
   const int32_t* tile_offsets;
+  const int32_t* tile_problem;
   int num_problems;
   int total_tiles;
   CUtensorMap* maps;
@@ -219,14 +225,9 @@ struct TileCoord {
 
 template <int BN>
 __device__ __forceinline__ TileCoord Locate(const Params& p, int tile) {
-  int lo = 0, hi = p.num_problems - 1;
-  while (lo < hi) {  // Last problem whose first tile is <= tile.
-    const int mid = (lo + hi + 1) >> 1;
-    if (__ldg(&p.tile_offsets[mid]) <= tile) lo = mid;
-    else hi = mid - 1;
-  }
-  const DeviceGemmProblem& pr = p.problems[lo];
-  const int local = tile - __ldg(&p.tile_offsets[lo]);
+  const int prob = __ldg(&p.tile_problem[tile]);
+  const DeviceGemmProblem& pr = p.problems[prob];
+  const int local = tile - __ldg(&p.tile_offsets[prob]);
   const int tiles_m = static_cast<int>((pr.m + kBM - 1) / kBM);
   const int tiles_n = static_cast<int>((pr.n + BN - 1) / BN);
   const int per_group = kGroupRows * tiles_n;
@@ -234,7 +235,7 @@ __device__ __forceinline__ TileCoord Locate(const Params& p, int tile) {
   const int first_m = group * kGroupRows;
   const int rows = min(tiles_m - first_m, kGroupRows);
   const int in_group = local - group * per_group;
-  return {lo, first_m + in_group % rows, in_group / rows};
+  return {prob, first_m + in_group % rows, in_group / rows};
 }
 
 // Producer warp: makes sure problem `prob`'s tensor maps are built and
@@ -249,7 +250,7 @@ __device__ void EnsureMaps(const Params& p, int prob, CUtensorMap* scratch,
   const unsigned long long building = 2 * p.epoch - 1;
   const unsigned long long ready = 2 * p.epoch;
   int state = 0;  // 0: built already, 1: this warp builds, 2: another CTA builds.
-  if (lane == 0) {
+  if (lane == 0 && LoadAcquire(flag) != ready) {
     const unsigned long long old = atomicMax(flag, building);
     state = old < building ? 1 : (old == ready ? 0 : 2);
   }
@@ -293,6 +294,8 @@ __device__ void EnsureMaps(const Params& p, int prob, CUtensorMap* scratch,
   if (lane == 0) {
     AcquireMap(ga);
     AcquireMap(gb);
+    PrefetchMap(ga);
+    PrefetchMap(gb);
   }
   *map_a = ga;
   *map_b = gb;
@@ -304,22 +307,29 @@ __device__ void Produce(const Params& p, uint8_t* stages, uint64_t* full, uint64
   using L = Layout<BN>;
   constexpr int BK = Elem<T>::kBK;
   const int lane = threadIdx.x & 31;
+  int tile = blockIdx.x;
+  if (tile >= p.total_tiles) return;
+  TileCoord t = Locate<BN>(p, tile);
+  const CUtensorMap* map_a;
+  const CUtensorMap* map_b;
+  EnsureMaps<T>(p, t.problem, scratch, &map_a, &map_b);
   int seq = 0;
-  int current = -1;
-  const CUtensorMap* map_a = nullptr;
-  const CUtensorMap* map_b = nullptr;
-  for (int tile = blockIdx.x; tile < p.total_tiles; tile += gridDim.x) {
-    const TileCoord t = Locate<BN>(p, tile);
-    if (t.problem != current) {
-      EnsureMaps<T>(p, t.problem, scratch, &map_a, &map_b);
-      current = t.problem;
-    }
+  for (; tile < p.total_tiles; tile += gridDim.x) {
     const DeviceGemmProblem& pr = p.problems[t.problem];
     const int kblocks = static_cast<int>((pr.k + BK - 1) / BK);
-    if (lane == 0) {
-      const int m0 = t.tile_m * kBM;
-      const int n0 = t.tile_n * BN;
-      for (int kb = 0; kb < kblocks; ++kb, ++seq) {
+    // The next tile's maps are made ready while this tile's loads wait for
+    // free stages, off the consumers' critical path.
+    const int next_tile = tile + gridDim.x;
+    const bool has_next = next_tile < p.total_tiles;
+    const TileCoord next = has_next ? Locate<BN>(p, next_tile) : t;
+    bool next_ready = !has_next || next.problem == t.problem;
+    const CUtensorMap* next_a = map_a;
+    const CUtensorMap* next_b = map_b;
+    const int prepare_at = min(kblocks, L::kStages) - 1;
+    const int m0 = t.tile_m * kBM;
+    const int n0 = t.tile_n * BN;
+    for (int kb = 0; kb < kblocks; ++kb, ++seq) {
+      if (lane == 0) {
         const int s = seq % L::kStages;
         MbarWait(&empty[s], ((seq / L::kStages) & 1) ^ 1);
         MbarExpectTx(&full[s], L::kStageBytes);
@@ -341,10 +351,16 @@ __device__ void Produce(const Params& p, uint8_t* stages, uint64_t* full, uint64
           }
         }
       }
-    } else {
-      seq += kblocks;
+      __syncwarp();
+      if (kb == prepare_at && !next_ready) {
+        EnsureMaps<T>(p, next.problem, scratch, &next_a, &next_b);
+        next_ready = true;
+      }
     }
-    __syncwarp();
+    if (!next_ready) EnsureMaps<T>(p, next.problem, scratch, &next_a, &next_b);
+    map_a = next_a;
+    map_b = next_b;
+    t = next;
   }
 }
 
@@ -425,6 +441,8 @@ __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, 
   using L = Layout<BN>;
   constexpr int BK = Elem<T>::kBK;
   constexpr int kSteps = BK / Elem<T>::kStep;
+  const bool leader = (threadIdx.x & 127) == 0;
+  int previous = -1;  // Stage whose MMAs may still be running.
   for (int kb = 0; kb < kblocks; ++kb, ++seq) {
     const int s = seq % L::kStages;
     MbarWait(&full[s], (seq / L::kStages) & 1);
@@ -449,10 +467,16 @@ __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, 
       Mma<T, BN, kAmn, kBmn>(acc, da, db);
     }
     WgmmaCommit();
-    WgmmaWaitAll();
+    // Keep this k-block's MMAs in flight; the previous block's are done, so
+    // its stage goes back to the producer.
+    WgmmaWait<1>();
     FenceRegisters(acc);
-    if ((threadIdx.x & 127) == 0) MbarArrive(&empty[s]);
+    if (leader && previous >= 0) MbarArrive(&empty[previous]);
+    previous = s;
   }
+  WgmmaWait<0>();
+  FenceRegisters(acc);
+  if (leader && previous >= 0) MbarArrive(&empty[previous]);
 }
 
 template <typename T, int BN>
@@ -508,11 +532,13 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  // Register budget: 128 x 56 + 256 x 224 <= 64 Ki. ptxas holds the producer
+  // to 56 (at 40 its look-ahead code spilled).
   if (threadIdx.x < 128) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
     if (threadIdx.x < 32) Produce<T, BN>(p, stages, full, empty, scratch);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
     Consume<T, BN>(p, stages, full, empty);
   }
 #endif
@@ -528,6 +554,7 @@ cudaError_t Launch(const HopperLaunch& l) {
   p.templates = *l.templates;
   p.problems = l.problems;
   p.tile_offsets = l.tile_offsets;
+  p.tile_problem = l.tile_problem;
   p.num_problems = l.num_problems;
   p.total_tiles = l.total_tiles;
   p.maps = l.maps;

@@ -40,10 +40,12 @@ struct HopperLaunch {
   DType input = DType::kBFloat16;  // kFloat32 means TF32
   DType output = DType::kBFloat16;
   int tile_n = kHopperWideN;
-  // Device memory: the problem table, its tile prefix sums (count + 1),
-  // one tensor-map pair per problem and one build flag per problem.
+  // Device memory: the problem table, its tile prefix sums (count + 1), the
+  // problem of each tile, one tensor-map pair and one build flag per problem.
   const DeviceGemmProblem* problems = nullptr;
   const int32_t* tile_offsets = nullptr;
+  // Problem index of every tile (total_tiles entries).
+  const int32_t* tile_problem = nullptr;
   int num_problems = 0;
   int total_tiles = 0;
   CUtensorMap* maps = nullptr;
