@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/cuda/device_pool.h"
 #include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/parallel_copy.h"
 #include "kernels/reference_gemm.h"
 
 namespace matmul {
@@ -52,18 +53,6 @@ bool IsSticky(cudaError_t e) {
 int64_t PaddedLd(int64_t cols, DType t) {
   const int64_t size = static_cast<int64_t>(ElementSize(t));
   return static_cast<int64_t>(AlignUp(cols * size, 16)) / size;
-}
-
-// Copies a rows x cols matrix between leading dimensions (in bytes).
-void CopyRows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
-              size_t rows) {
-  if (dst_pitch == row_bytes && src_pitch == row_bytes) {
-    std::memcpy(dst, src, row_bytes * rows);
-    return;
-  }
-  auto* d = static_cast<uint8_t*>(dst);
-  const auto* s = static_cast<const uint8_t*>(src);
-  for (size_t r = 0; r < rows; ++r) std::memcpy(d + r * dst_pitch, s + r * src_pitch, row_bytes);
 }
 
 // Where one problem's padded operands sit in a chunk.
@@ -311,14 +300,18 @@ class CudaEngine final : public Engine {
       context.pinned_bytes = bytes;
     }
     uint8_t* pinned_results = context.pinned + upload;
+    std::vector<cuda::CopyJob> copies;
     for (size_t j = 0; j < chunk.size(); ++j) {
       const GemmProblem& p = problems[chunk[j]];
       const Placement& pl = placements[j];
       const size_t in = ElementSize(p.input_type), out = ElementSize(p.output_type);
-      CopyRows(context.pinned + pl.a, pl.lda * in, p.a, pl.a_cols * in, pl.a_cols * in, pl.a_rows);
-      CopyRows(context.pinned + pl.b, pl.ldb * in, p.b, pl.b_cols * in, pl.b_cols * in, pl.b_rows);
+      copies.push_back({context.pinned + pl.a, pl.lda * in, p.a, pl.a_cols * in, pl.a_cols * in,
+                        static_cast<size_t>(pl.a_rows)});
+      copies.push_back({context.pinned + pl.b, pl.ldb * in, p.b, pl.b_cols * in, pl.b_cols * in,
+                        static_cast<size_t>(pl.b_rows)});
       if (p.beta != 0.0) {
-        CopyRows(pinned_results + pl.d, pl.ldd * out, p.c, p.n * out, p.n * out, p.m);
+        copies.push_back({pinned_results + pl.d, pl.ldd * out, p.c, p.n * out, p.n * out,
+                          static_cast<size_t>(p.m)});
       }
       DeviceGemmProblem& dp = device_problems[j];
       dp.a = base + pl.a;
@@ -326,6 +319,7 @@ class CudaEngine final : public Engine {
       dp.d = results + pl.d;
       dp.c = p.beta != 0.0 ? dp.d : nullptr;
     }
+    cuda::RunCopies(copies);
     cudaStream_t stream = context.stream;
     cudaError_t e = cudaMemcpyAsync(base, context.pinned, upload, cudaMemcpyHostToDevice, stream);
     if (e != cudaSuccess) return Failed(e, "copying operands to the device");
@@ -346,12 +340,14 @@ class CudaEngine final : public Engine {
     if (e != cudaSuccess) return Failed(e, "copying results from the device");
     e = cudaStreamSynchronize(stream);
     if (e != cudaSuccess) return Failed(e, "running the batch");
+    copies.clear();
     for (size_t j = 0; j < chunk.size(); ++j) {
       const GemmProblem& p = problems[chunk[j]];
       const size_t out = ElementSize(p.output_type);
-      CopyRows(p.d, p.n * out, pinned_results + placements[j].d, placements[j].ldd * out,
-               p.n * out, p.m);
+      copies.push_back({p.d, p.n * out, pinned_results + placements[j].d, placements[j].ldd * out,
+                        p.n * out, static_cast<size_t>(p.m)});
     }
+    cuda::RunCopies(copies);
     return absl::OkStatus();
   }
 
