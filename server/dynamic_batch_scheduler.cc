@@ -294,19 +294,33 @@ void DynamicBatchScheduler::RunBatch(int device, Batch batch) {
   if (metrics_ != nullptr && !batch.jobs.empty()) {
     metrics_->BatchFinished(device, n, batch.flops, absl::ToDoubleSeconds(end - start),
                             batch.jobs.front()->problem.input_type);
+    const EngineStats stats = engine->Stats();
+    metrics_->SetDeviceMemory(device, stats.memory_in_use_bytes, stats.memory_capacity_bytes);
   }
   const bool healthy = engine->Healthy();
-  absl::MutexLock lock(&mu_);
-  DeviceState& d = devices_[device];
-  UpdateBusyLocked(device, absl::Now());
-  --d.running;
-  ++d.load.free_lanes;
-  d.load.outstanding_flops -= batch.flops;
-  if (d.load.healthy && !healthy && metrics_ != nullptr) metrics_->SetDeviceHealthy(device, false);
-  d.load.healthy = healthy;
-  accepted_ -= static_cast<int64_t>(n);
-  wake_ = true;
-  scheduler_cv_.Signal();
+  int failed_healthy_left = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    DeviceState& d = devices_[device];
+    UpdateBusyLocked(device, absl::Now());
+    --d.running;
+    ++d.load.free_lanes;
+    d.load.outstanding_flops -= batch.flops;
+    if (d.load.healthy && !healthy) {
+      if (metrics_ != nullptr) metrics_->SetDeviceHealthy(device, false);
+      failed_healthy_left = 0;
+      for (const DeviceState& other : devices_) {
+        if (&other != &d && other.load.healthy) ++failed_healthy_left;
+      }
+    }
+    d.load.healthy = healthy;
+    accepted_ -= static_cast<int64_t>(n);
+    wake_ = true;
+    scheduler_cv_.Signal();
+  }
+  if (failed_healthy_left >= 0 && options_.on_device_failed) {
+    options_.on_device_failed(device, failed_healthy_left);
+  }
 }
 
 }  // namespace matmul::server

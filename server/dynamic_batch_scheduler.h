@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -58,6 +59,9 @@ class DynamicBatchScheduler {
     JobQueue::Options queue;
     // Concurrent batches per device.
     int lanes_per_device = 1;
+    // Called (from a worker thread) when a device turns unhealthy, with the
+    // number of healthy devices left.
+    std::function<void(int device, int healthy_left)> on_device_failed;
   };
 
   // `engines` must outlive the scheduler; `metrics` may be null.

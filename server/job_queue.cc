@@ -94,17 +94,21 @@ std::vector<std::unique_ptr<Job>> JobQueue::TakeBatch(absl::Time now, bool flush
 
   std::vector<uint64_t> members = {leader.id};
   double flops = ProblemFlops(leader.problem);
+  uint64_t bytes = ProblemBytes(leader.problem);
   bool full = members.size() >= max_size;
   for (auto level = levels_.begin(); level != levels_.end() && !full; ++level) {
     for (const std::unique_ptr<Job>& job : level->second) {
       if (job.get() == &leader || !(KeyOf(job->problem) == key)) continue;
       const double job_flops = ProblemFlops(job->problem);
-      if (flops + job_flops > options_.max_batch_flops) {
-        full = true;  // The work budget is reached.
+      const uint64_t job_bytes = ProblemBytes(job->problem);
+      if (flops + job_flops > options_.max_batch_flops ||
+          (options_.max_batch_bytes > 0 && bytes + job_bytes > options_.max_batch_bytes)) {
+        full = true;  // A budget is reached.
         break;
       }
       members.push_back(job->id);
       flops += job_flops;
+      bytes += job_bytes;
       if (members.size() >= max_size) {
         full = true;
         break;

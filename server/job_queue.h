@@ -14,9 +14,9 @@
 //    starving low level still progresses.
 //  * A batch is led by the job of highest effective priority (the older on
 //    ties) and filled with jobs of the same BatchKey (dtype in and out,
-//    precision), by priority then FIFO, up to `max_batch_size` problems and
-//    `max_batch_flops` of work (the leader always goes, even when it alone is
-//    over the budget).
+//    precision), by priority then FIFO, up to `max_batch_size` problems,
+//    `max_batch_flops` of work and `max_batch_bytes` of operands and results
+//    (the leader always goes, even when it alone is over a budget).
 //  * A batch is released when it is full (size or work), when the oldest
 //    queued job has waited `max_queue_delay`, or when the caller flushes.
 //  * Deadlines: TakeExpired hands back every job whose deadline has passed.
@@ -51,6 +51,9 @@ class JobQueue {
     size_t max_batch_size = 64;
     // Work budget of a batch in FLOPs.
     double max_batch_flops = 1e12;
+    // Byte budget of a batch (operands and results, ProblemBytes); keeps a
+    // batch of big problems small enough to stage while another computes.
+    uint64_t max_batch_bytes = uint64_t{256} << 20;
     // Longest the oldest job waits for companions.
     absl::Duration max_queue_delay = absl::Microseconds(100);
     // Waiting this long raises a job's effective priority by one.

@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "matmul/build_info.h"
+#include "server/fault_injection.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address to serve on (host:port; port 0 picks a free one).");
@@ -42,8 +43,8 @@ ABSL_FLAG(std::string, cuda_kernels, "persistent",
 ABSL_FLAG(int, cpu_workers, 1, "CPU engine workers (each runs whole batches with OpenBLAS).");
 ABSL_FLAG(int, cpu_threads, 0, "OpenBLAS threads; 0 uses every core.");
 ABSL_FLAG(int, lanes_per_device, 0,
-          "Batches running at once per device; 0 picks 1 on the CPU, 2 on a GPU (copies of one "
-          "overlap the next one's compute).");
+          "Batches running at once per device; 0 picks 1 on the CPU, 4 on a GPU (staging and "
+          "copies of some overlap the compute of others).");
 ABSL_FLAG(int, max_batch_size, 64, "Most problems in one batch (one engine launch).");
 ABSL_FLAG(int64_t, max_queue_delay_us, 100,
           "Longest the oldest queued job waits for companions before its batch goes; 0 sends "
@@ -51,6 +52,9 @@ ABSL_FLAG(int64_t, max_queue_delay_us, 100,
 ABSL_FLAG(double, max_batch_flops, 0,
           "Work budget of one batch in FLOPs (2*M*N*K summed); a larger problem runs alone. 0 "
           "picks 2e10 on the CPU, 1e12 on a GPU.");
+ABSL_FLAG(int64_t, max_batch_bytes, int64_t{256} << 20,
+          "Byte budget of one batch (operands and results); a larger problem runs alone. 0 "
+          "means no byte budget.");
 ABSL_FLAG(int, queue_capacity, 1024,
           "Most jobs waiting in the queue; more are refused at once with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_queued_bytes, int64_t{4} << 30,
@@ -68,6 +72,9 @@ ABSL_FLAG(int, max_stream_inflight, 128,
           "Most items of one MultiplyStream queued or running at once.");
 ABSL_FLAG(double, shutdown_grace_s, 30,
           "On SIGTERM/SIGINT: seconds to answer accepted requests before exiting.");
+ABSL_FLAG(std::string, inject_device_failure, "",
+          "Testing aid: make device DEVICE fail after N batches (\"cuda:1@5\"); its batches then "
+          "end INTERNAL and it is marked unhealthy.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, write \"<grpc port> <metrics port>\" to this file once serving.");
 
@@ -132,12 +139,14 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
         {"max_response_bytes", absl::GetFlag(FLAGS_max_response_bytes)},
         {"max_dim", absl::GetFlag(FLAGS_max_dim)},
         {"max_batch_size", absl::GetFlag(FLAGS_max_batch_size)},
+        {"max_batch_bytes", absl::GetFlag(FLAGS_max_batch_bytes)},
         {"queue_capacity", absl::GetFlag(FLAGS_queue_capacity)}}) {
     if (absl::Status s = non_negative(name, value); !s.ok()) return s;
   }
   config.queue.max_batch_size = static_cast<size_t>(absl::GetFlag(FLAGS_max_batch_size));
   config.queue.max_queue_delay = absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
   config.queue.max_batch_flops = absl::GetFlag(FLAGS_max_batch_flops);
+  config.queue.max_batch_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_batch_bytes));
   config.queue.capacity = static_cast<size_t>(absl::GetFlag(FLAGS_queue_capacity));
   config.queue.max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_queued_bytes));
   config.queue.priority_aging = absl::Milliseconds(absl::GetFlag(FLAGS_priority_aging_ms));
@@ -163,6 +172,7 @@ void LogStartup(const matmul::server::MatmulServer& server) {
   LOG(INFO) << "batching: max_batch_size=" << c.queue.max_batch_size
             << " max_queue_delay=" << c.queue.max_queue_delay
             << " max_batch_flops=" << c.queue.max_batch_flops
+            << " max_batch_bytes=" << c.queue.max_batch_bytes
             << " queue_capacity=" << c.queue.capacity
             << " lanes_per_device=" << c.lanes_per_device;
   LOG(INFO) << "limits: max_dim=" << c.limits.max_dim
@@ -205,6 +215,17 @@ int main(int argc, char** argv) {
   if (!engines.ok()) {
     LOG(ERROR) << "no engine: " << engines.status().message();
     return 1;
+  }
+  if (const std::string fault = absl::GetFlag(FLAGS_inject_device_failure); !fault.empty()) {
+    absl::StatusOr<matmul::server::FaultSpec> spec = matmul::server::ParseFaultSpec(fault);
+    absl::Status wrapped = spec.ok() ? matmul::server::WrapFailingDevice(engines->engines, *spec)
+                                     : spec.status();
+    if (!wrapped.ok()) {
+      LOG(ERROR) << wrapped.message();
+      return 2;
+    }
+    LOG(WARNING) << "fault injection: " << spec->device << " will fail after "
+                 << spec->after_batches << " batch(es)";
   }
   if (!engines->fallback_reason.empty()) {
     LOG(INFO) << "using the CPU engine: " << engines->fallback_reason;

@@ -82,6 +82,15 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry,
                       .Name("matmul_device_healthy")
                       .Help("1 while the device takes work, 0 once it failed.")
                       .Register(*registry_);
+  auto& memory_used = prometheus::BuildGauge()
+                          .Name("matmul_device_memory_used_bytes")
+                          .Help("Device memory held by running batches (0 for the CPU engine).")
+                          .Register(*registry_);
+  auto& memory_capacity = prometheus::BuildGauge()
+                              .Name("matmul_device_memory_capacity_bytes")
+                              .Help("Device memory reserved for the engine's pool (0 for the CPU "
+                                    "engine).")
+                              .Register(*registry_);
   auto& flops = prometheus::BuildCounter()
                     .Name("matmul_flops_total")
                     .Help("Floating-point operations done (2*M*N*K per product), by device "
@@ -96,6 +105,8 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry,
     device_busy_.push_back(&busy.Add({{"device", id}}));
     device_healthy_.push_back(&healthy.Add({{"device", id}}));
     device_healthy_.back()->Set(1);
+    device_memory_used_.push_back(&memory_used.Add({{"device", id}}));
+    device_memory_capacity_.push_back(&memory_capacity.Add({{"device", id}}));
     batches_total_.push_back(&batches.Add({{"device", id}}));
     std::vector<prometheus::Counter*> per_dtype;
     for (int t = 0; t < kNumDTypes; ++t) {
@@ -182,6 +193,11 @@ void Metrics::BatchFinished(int device, size_t size, double flops, double comput
 }
 
 void Metrics::Rejected(RejectReason reason) { rejected_[static_cast<int>(reason)]->Increment(); }
+
+void Metrics::SetDeviceMemory(int device, uint64_t in_use, uint64_t capacity) {
+  device_memory_used_[device]->Set(static_cast<double>(in_use));
+  device_memory_capacity_[device]->Set(static_cast<double>(capacity));
+}
 
 void Metrics::SetDeviceHealthy(int device, bool healthy) {
   device_healthy_[device]->Set(healthy ? 1 : 0);

@@ -56,6 +56,8 @@ class Metrics {
   void AddDeviceBusy(int device, double seconds) { device_busy_[device]->Increment(seconds); }
   // 1 for a healthy device, 0 once it failed.
   void SetDeviceHealthy(int device, bool healthy);
+  // Device memory held by running batches, and the engine's pool size.
+  void SetDeviceMemory(int device, uint64_t in_use, uint64_t capacity);
 
   // Bucket boundaries of the latency histograms: 50 us to 30 s.
   static const prometheus::Histogram::BucketBoundaries& LatencyBuckets();
@@ -77,6 +79,8 @@ class Metrics {
   std::vector<prometheus::Histogram*> compute_duration_;
   std::vector<prometheus::Counter*> device_busy_;
   std::vector<prometheus::Gauge*> device_healthy_;
+  std::vector<prometheus::Gauge*> device_memory_used_;
+  std::vector<prometheus::Gauge*> device_memory_capacity_;
   // Per device x dtype.
   std::vector<std::vector<prometheus::Counter*>> flops_total_;
   std::vector<prometheus::Counter*> batches_total_;

@@ -3,6 +3,8 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <glog/logging.h>
+
 #include <climits>
 
 #include "absl/strings/str_cat.h"
@@ -48,7 +50,7 @@ MatmulServer::~MatmulServer() { Shutdown(absl::ZeroDuration()); }
 
 absl::Status MatmulServer::Start() {
   const bool cuda = engines_.backend == "cuda";
-  if (config_.lanes_per_device <= 0) config_.lanes_per_device = cuda ? 2 : 1;
+  if (config_.lanes_per_device <= 0) config_.lanes_per_device = cuda ? 4 : 1;
   if (config_.queue.max_batch_flops <= 0) config_.queue.max_batch_flops = cuda ? 1e12 : 2e10;
   uint64_t max_problem_bytes = 0;
   for (const auto& engine : engines_.engines) {
@@ -80,9 +82,26 @@ absl::Status MatmulServer::Start() {
     metrics_port_ = metrics_endpoint_->port();
   }
 
+  for (size_t d = 0; d < engines_.engines.size(); ++d) {
+    const EngineStats stats = engines_.engines[d]->Stats();
+    metrics_->SetDeviceMemory(static_cast<int>(d), stats.memory_in_use_bytes,
+                              stats.memory_capacity_bytes);
+  }
+
   DynamicBatchScheduler::Options scheduler_options;
   scheduler_options.queue = config_.queue;
   scheduler_options.lanes_per_device = config_.lanes_per_device;
+  // With no healthy device left, health says so (a load balancer then
+  // routes elsewhere); with some left the server keeps serving on them.
+  scheduler_options.on_device_failed = [this](int device, int healthy_left) {
+    LOG(ERROR) << "device " << engines_.engines[device]->Device().id
+               << " failed and takes no more work; " << healthy_left << " healthy device(s) left";
+    if (healthy_left == 0 && grpc_server_ != nullptr) {
+      grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+      health->SetServingStatus("", false);
+      health->SetServingStatus(kServiceName, false);
+    }
+  };
   absl::StatusOr<std::unique_ptr<DynamicBatchScheduler>> scheduler =
       DynamicBatchScheduler::Create(scheduler_options, engines, metrics_.get());
   if (!scheduler.ok()) return scheduler.status();
@@ -147,6 +166,7 @@ v1::ServerInfo MatmulServer::Info() const {
   batching->set_max_batch_size(static_cast<uint32_t>(config_.queue.max_batch_size));
   batching->set_max_queue_delay_us(absl::ToInt64Microseconds(config_.queue.max_queue_delay));
   batching->set_max_batch_flops(config_.queue.max_batch_flops);
+  batching->set_max_batch_bytes(config_.queue.max_batch_bytes);
   batching->set_queue_capacity(static_cast<uint32_t>(config_.queue.capacity));
   batching->set_default_timeout_ms(absl::ToInt64Milliseconds(config_.default_timeout));
   batching->set_priority_aging_ms(absl::ToInt64Milliseconds(config_.queue.priority_aging));

@@ -33,7 +33,7 @@ struct ServerConfig {
   std::string metrics_listen = "0.0.0.0:9090";
   // Which engines to run (backend, devices, workers).
   EngineOptions engine;
-  // Concurrent batches per device; 0 picks 1 for the CPU, 2 for CUDA.
+  // Concurrent batches per device; 0 picks 1 for the CPU, 4 for CUDA.
   int lanes_per_device = 0;
   // Batching and queue policy. max_batch_flops <= 0 picks a default per
   // backend (CPU 2e10, CUDA 1e12).

@@ -77,6 +77,17 @@ TEST(JobQueueTest, WorkBudgetSplitsBatchesAndBigJobsRunAlone) {
   EXPECT_EQ(Ids(q.TakeBatch(kT0, true)), (std::vector<uint64_t>{5, 6}));
 }
 
+TEST(JobQueueTest, ByteBudgetSplitsBatches) {
+  JobQueue::Options o = Opts(100, absl::Hours(1));
+  o.max_batch_bytes = 2 * 3 * 8 * 8 * 4;  // Two 8x8x8 float32 jobs (A, B, D).
+  JobQueue q(o);
+  for (uint64_t id = 1; id <= 5; ++id) Push(q, MakeJob(id));
+  EXPECT_EQ(Ids(q.TakeBatch(kT0, false)), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(Ids(q.TakeBatch(kT0, false)), (std::vector<uint64_t>{3, 4}));
+  EXPECT_TRUE(q.TakeBatch(kT0, false).empty());
+  EXPECT_EQ(Ids(q.TakeBatch(kT0, true)), (std::vector<uint64_t>{5}));
+}
+
 TEST(JobQueueTest, BatchesNeverMixDTypesOrPrecisions) {
   JobQueue q(Opts(10, absl::ZeroDuration()));
   Push(q, MakeJob(1, 0, DType::kFloat32));

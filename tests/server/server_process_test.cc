@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "client/matmul_client.h"
 #include "client/requests.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "kernels/reference_gemm.h"
 #include "tests/util/test_util.h"
 
@@ -125,6 +126,87 @@ TEST(ServerProcessTest, SigtermAnswersEveryAcceptedRequestAndExitsZero) {
   absl::StatusOr<v1::MultiplyResponse> after =
       (*c)->Multiply(client::RandomRequest({.m = 2, .n = 2, .k = 2}, rng));
   EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
+}
+
+// Sends `count` requests at once; returns their statuses.
+std::vector<grpc::Status> Burst(const client::MatmulClient& c, int count, std::mt19937_64& rng) {
+  struct Call {
+    grpc::ClientContext context;
+    v1::MultiplyRequest request;
+    v1::MultiplyResponse response;
+    grpc::Status status;
+    absl::Notification done;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < count; ++i) {
+    auto call = std::make_unique<Call>();
+    call->request = client::RandomRequest({.m = 96, .n = 96, .k = 96}, rng);
+    c.MultiplyAsync(&call->context, &call->request, &call->response,
+                    [raw = call.get()](grpc::Status s) {
+                      raw->status = std::move(s);
+                      raw->done.Notify();
+                    });
+    calls.push_back(std::move(call));
+  }
+  std::vector<grpc::Status> statuses;
+  for (auto& call : calls) {
+    call->done.WaitForNotification();
+    statuses.push_back(call->status);
+  }
+  return statuses;
+}
+
+TEST(ServerProcessTest, AFailedDeviceFailsOnlyItsBatchAndTheOthersKeepServing) {
+  auto server = ServerProcess::Start({"--backend=cpu", "--cpu_workers=2", "--max_batch_size=1",
+                                      "--inject_device_failure=cpu:1@0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto c = client::MatmulClient::Create({.target = (*server)->target()});
+  std::mt19937_64 rng(std::random_device{}());
+  // Concurrent calls reach both workers; cpu:1's first batch fails.
+  int internal = 0, ok = 0;
+  for (int round = 0; round < 20 && internal == 0; ++round) {
+    for (const grpc::Status& s : Burst(**c, 8, rng)) {
+      if (s.ok()) ++ok;
+      else if (s.error_code() == grpc::StatusCode::INTERNAL) {
+        ++internal;
+        EXPECT_THAT(s.error_message(), HasSubstr("cpu:1"));
+      } else {
+        ADD_FAILURE() << s.error_message();
+      }
+    }
+  }
+  EXPECT_EQ(internal, 1);
+  // From now on everything runs on cpu:0.
+  for (const grpc::Status& s : Burst(**c, 32, rng)) EXPECT_TRUE(s.ok()) << s.error_message();
+  absl::StatusOr<v1::ServerInfo> info = (*c)->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->devices_size(), 2);
+  EXPECT_TRUE(info->devices(0).healthy());
+  EXPECT_FALSE(info->devices(1).healthy());
+  const std::string metrics = HttpGet((*server)->metrics_port(), "/metrics");
+  EXPECT_THAT(metrics, HasSubstr("matmul_device_healthy{device=\"cpu:1\"} 0"));
+  EXPECT_THAT(metrics, HasSubstr("matmul_device_healthy{device=\"cpu:0\"} 1"));
+  EXPECT_GT(MetricSum(metrics, "matmul_compute_duration_seconds_count{device=\"cpu:0\"}"), 0);
+  EXPECT_GT(MetricSum(metrics, "matmul_compute_duration_seconds_count{device=\"cpu:1\"}"), 0);
+}
+
+TEST(ServerProcessTest, WithNoHealthyDeviceLeftHealthSaysNotServing) {
+  auto server = ServerProcess::Start({"--backend=cpu", "--inject_device_failure=cpu:0@1"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto c = client::MatmulClient::Create({.target = (*server)->target()});
+  std::mt19937_64 rng(std::random_device{}());
+  const auto request = client::RandomRequest({.m = 8, .n = 8, .k = 8}, rng);
+  EXPECT_TRUE((*c)->Multiply(request).ok());  // The one batch that still works.
+  EXPECT_EQ((*c)->Multiply(request).status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ((*c)->Multiply(request).status().code(), absl::StatusCode::kUnavailable);
+  auto channel = grpc::CreateChannel((*server)->target(), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext context;
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service("matmul.v1.MatmulService");
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(health->Check(&context, req, &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
 }
 
 }  // namespace

@@ -99,7 +99,11 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp failed");
   process->dir_ = dir_template;
   const std::string port_file = process->dir_ + "/ports";
-  std::vector<std::string> args = {MATMUL_SERVER_BINARY, "--listen=127.0.0.1:0",
+  // MATMUL_SERVER_BINARY in the environment overrides the build's path (for
+  // running the built tests on another machine).
+  const char* binary = std::getenv("MATMUL_SERVER_BINARY");
+  std::vector<std::string> args = {binary != nullptr ? binary : MATMUL_SERVER_BINARY,
+                                   "--listen=127.0.0.1:0",
                                    "--metrics_listen=127.0.0.1:0",
                                    "--port_file=" + port_file};
   args.insert(args.end(), flags.begin(), flags.end());
