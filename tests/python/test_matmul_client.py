@@ -16,12 +16,16 @@ from matmul.v1 import matmul_pb2
 BOUNDS = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 1e-2, "bfloat16": 1e-2}
 
 
+# cpu (default) or cuda: which engine the tests start the server with.
+BACKEND = os.environ.get("MATMUL_TEST_BACKEND", "cpu")
+
+
 def start_server(*flags):
     tmp = tempfile.mkdtemp(prefix="matmul-py-")
     port_file = os.path.join(tmp, "ports")
     proc = subprocess.Popen([os.environ["MATMUL_SERVER_BINARY"], "--listen=127.0.0.1:0",
                              "--metrics_listen=127.0.0.1:0", f"--port_file={port_file}",
-                             "--backend=cpu", *flags])
+                             f"--backend={BACKEND}", *flags])
     while not os.path.exists(port_file):
         if proc.poll() is not None:
             raise RuntimeError("matmul-server exited at start")
@@ -163,8 +167,8 @@ class MatmulClientTest(unittest.TestCase):
 
     def test_server_info(self):
         info = self.client.server_info()
-        self.assertEqual(info.engine, "cpu-openblas")
-        self.assertEqual(info.devices[0].id, "cpu:0")
+        self.assertTrue(info.engine.startswith("cpu" if BACKEND == "cpu" else "cuda"), info.engine)
+        self.assertEqual(info.devices[0].id, f"{BACKEND}:0")
         self.assertIn(matmul_pb2.DTYPE_BFLOAT16, info.supported_dtypes)
         self.assertGreater(info.limits.max_request_bytes, 4096 * 4096 * 4 * 2)
 
@@ -194,7 +198,7 @@ class MatmulClientTest(unittest.TestCase):
                                             request_id="timed")
         response = self.client.multiply(request)
         self.assertEqual(response.request_id, "timed")
-        self.assertEqual(response.timing.device, "cpu:0")
+        self.assertEqual(response.timing.device, f"{BACKEND}:0")
         self.assertGreaterEqual(response.timing.total_us, response.timing.compute_us)
 
 
