@@ -130,6 +130,11 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry,
                       .Help("Jobs waiting in the queue.")
                       .Register(*registry_)
                       .Add({});
+  queue_capacity_ = &prometheus::BuildGauge()
+                         .Name("matmul_queue_capacity")
+                         .Help("Most jobs the queue holds (--queue_capacity).")
+                         .Register(*registry_)
+                         .Add({});
   inflight_ = &prometheus::BuildGauge()
                    .Name("matmul_inflight_requests")
                    .Help("Requests accepted and not yet answered.")

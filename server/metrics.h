@@ -50,6 +50,7 @@ class Metrics {
   void BytesReceived(uint64_t bytes) { bytes_received_->Increment(static_cast<double>(bytes)); }
   void BytesSent(uint64_t bytes) { bytes_sent_->Increment(static_cast<double>(bytes)); }
   void SetQueueDepth(size_t jobs) { queue_depth_->Set(static_cast<double>(jobs)); }
+  void SetQueueCapacity(size_t jobs) { queue_capacity_->Set(static_cast<double>(jobs)); }
   void AddInflight(int delta) { inflight_->Increment(delta); }
   // Wall time device `device` spent running at least one batch; the rate of
   // matmul_device_busy_seconds_total is its utilisation (0..1).
@@ -87,6 +88,7 @@ class Metrics {
   prometheus::Histogram* batch_size_;
   prometheus::Histogram* batch_flops_;
   prometheus::Gauge* queue_depth_;
+  prometheus::Gauge* queue_capacity_;
   prometheus::Gauge* inflight_;
   std::vector<prometheus::Counter*> rejected_;  // Indexed by RejectReason.
   prometheus::Counter* bytes_received_;

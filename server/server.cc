@@ -82,6 +82,7 @@ absl::Status MatmulServer::Start() {
     metrics_port_ = metrics_endpoint_->port();
   }
 
+  metrics_->SetQueueCapacity(config_.queue.capacity);
   for (size_t d = 0; d < engines_.engines.size(); ++d) {
     const EngineStats stats = engines_.engines[d]->Stats();
     metrics_->SetDeviceMemory(static_cast<int>(d), stats.memory_in_use_bytes,

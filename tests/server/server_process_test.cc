@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <thread>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -207,6 +208,43 @@ TEST(ServerProcessTest, WithNoHealthyDeviceLeftHealthSaysNotServing) {
   grpc::health::v1::HealthCheckResponse resp;
   ASSERT_TRUE(health->Check(&context, req, &resp).ok());
   EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+}
+
+// Mean batch size the server reports after 64 callers each send 16 small
+// requests one after another.
+double MeanBatchUnderLoad(const std::vector<std::string>& flags, double* batches) {
+  auto server = ServerProcess::Start(flags);
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return 0;
+  auto c = client::MatmulClient::Create({.target = (*server)->target()});
+  std::vector<std::thread> callers;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 64; ++t) {
+    callers.emplace_back([&, t] {
+      std::mt19937_64 rng(t);
+      for (int i = 0; i < 16; ++i) {
+        if (!(*c)->Multiply(client::RandomRequest({.m = 16, .n = 16, .k = 16}, rng)).ok()) {
+          failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  const std::string metrics = HttpGet((*server)->metrics_port(), "/metrics");
+  *batches = MetricSum(metrics, "matmul_batch_size_count");
+  return MetricSum(metrics, "matmul_batch_size_sum") / *batches;
+}
+
+TEST(ServerProcessTest, ConcurrentSmallRequestsAreBatchedAndMaxBatchSizeOneIsHonoured) {
+  double batches = 0;
+  const double batched =
+      MeanBatchUnderLoad({"--backend=cpu", "--max_queue_delay_us=2000"}, &batches);
+  EXPECT_GT(batched, 4.0) << "over " << batches << " batches";
+  const double single = MeanBatchUnderLoad(
+      {"--backend=cpu", "--max_queue_delay_us=2000", "--max_batch_size=1"}, &batches);
+  EXPECT_EQ(single, 1.0);
+  EXPECT_EQ(batches, 64 * 16);
 }
 
 }  // namespace
