@@ -24,16 +24,22 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(const ClientO
     return absl::InvalidArgumentError("max_attempts must be in [1, 5]");
   }
   if (options.channels < 1) return absl::InvalidArgumentError("channels must be >= 1");
+  // round_robin also watches each backend's health service, so a replica
+  // that drains (health NOT_SERVING) stops getting new calls at once.
+  const std::string health =
+      options.load_balancing == "round_robin"
+          ? R"(, "healthCheckConfig": {"serviceName": "matmul.v1.MatmulService"})"
+          : "";
   std::string service_config = absl::StrFormat(
-      R"({"loadBalancingConfig": [{"%s": {}}]})", options.load_balancing);
+      R"({"loadBalancingConfig": [{"%s": {}}]%s})", options.load_balancing, health);
   if (options.max_attempts > 1) {
     service_config = absl::StrFormat(
-        R"({"loadBalancingConfig": [{"%s": {}}],
+        R"({"loadBalancingConfig": [{"%s": {}}]%s,
             "methodConfig": [{"name": [{"service": "matmul.v1.MatmulService"}],
               "retryPolicy": {"maxAttempts": %d, "initialBackoff": "0.05s",
                               "maxBackoff": "1s", "backoffMultiplier": 2,
                               "retryableStatusCodes": ["UNAVAILABLE"]}}]})",
-        options.load_balancing, options.max_attempts);
+        options.load_balancing, health, options.max_attempts);
   }
   std::unique_ptr<MatmulClient> client(new MatmulClient(options));
   for (int i = 0; i < options.channels; ++i) {

@@ -75,6 +75,9 @@ ABSL_FLAG(double, shutdown_grace_s, 30,
 ABSL_FLAG(std::string, inject_device_failure, "",
           "Testing aid: make device DEVICE fail after N batches (\"cuda:1@5\"); its batches then "
           "end INTERNAL and it is marked unhealthy.");
+ABSL_FLAG(double, drain_delay_s, 1.0,
+          "On SIGTERM/SIGINT: seconds between health turning NOT_SERVING and the listener "
+          "closing (new calls meanwhile get UNAVAILABLE), so balancers stop routing here first.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, write \"<grpc port> <metrics port>\" to this file once serving.");
 
@@ -155,6 +158,7 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   config.limits.max_dim = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_dim));
   config.default_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_default_timeout_ms));
   config.max_stream_inflight = absl::GetFlag(FLAGS_max_stream_inflight);
+  config.drain_delay = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_drain_delay_s)));
   return config;
 }
 

@@ -186,6 +186,9 @@ bool MatmulServer::Shutdown(absl::Duration grace) {
   }
   if (service_ != nullptr) service_->StartDraining();
   drained_ = scheduler_ == nullptr || scheduler_->Drain(deadline);
+  // Accepted work is done or running; keep the listener (answering
+  // UNAVAILABLE) until clients have seen NOT_SERVING.
+  absl::SleepFor(std::min(config_.drain_delay, deadline - absl::Now()));
   // Whatever is still queued ends UNAVAILABLE; running batches finish.
   if (scheduler_ != nullptr) scheduler_->Stop();
   if (grpc_server_ != nullptr) {

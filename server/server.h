@@ -44,6 +44,11 @@ struct ServerConfig {
   RequestLimits limits;
   absl::Duration default_timeout = absl::ZeroDuration();
   int max_stream_inflight = 128;
+  // On shutdown, time between health turning NOT_SERVING and the listener
+  // closing, so that load balancers and clients' health watchers take the
+  // server out of rotation first (new calls meanwhile get UNAVAILABLE,
+  // which clients retry elsewhere).
+  absl::Duration drain_delay = absl::Seconds(1);
 };
 
 class MatmulServer {
@@ -66,9 +71,10 @@ class MatmulServer {
   v1::ServerInfo Info() const;
 
   // Graceful stop: health turns NOT_SERVING, new calls get UNAVAILABLE,
-  // every accepted request is answered, then the server stops. Whatever is
-  // still queued after `grace` ends UNAVAILABLE. Returns whether everything
-  // accepted was answered in time. Idempotent.
+  // every accepted request is answered, and after config().drain_delay (at
+  // most `grace`) the listener closes. Whatever is still queued after
+  // `grace` ends UNAVAILABLE. Returns whether everything accepted was
+  // answered in time. Idempotent.
   bool Shutdown(absl::Duration grace);
 
  private:

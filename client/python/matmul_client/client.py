@@ -101,6 +101,9 @@ class MatmulClient:
         if load_balancing not in ("pick_first", "round_robin"):
             raise ValueError("load_balancing must be pick_first or round_robin")
         config = {"loadBalancingConfig": [{load_balancing: {}}]}
+        if load_balancing == "round_robin":
+            # Skip replicas whose health service says NOT_SERVING (draining).
+            config["healthCheckConfig"] = {"serviceName": "matmul.v1.MatmulService"}
         if max_attempts > 1:
             config["methodConfig"] = [{
                 "name": [{"service": "matmul.v1.MatmulService"}],
