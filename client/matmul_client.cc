@@ -1,10 +1,12 @@
 #include "client/matmul_client.h"
 
 #include <condition_variable>
+#include <fstream>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
 namespace matmul::client {
@@ -41,11 +43,12 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(const ClientO
                               "retryableStatusCodes": ["UNAVAILABLE"]}}]})",
         options.load_balancing, health, options.max_attempts);
   }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(options);
+  if (!credentials.ok()) return credentials.status();
   std::unique_ptr<MatmulClient> client(new MatmulClient(options));
   for (int i = 0; i < options.channels; ++i) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(options.max_message_bytes);
-    args.SetMaxSendMessageSize(options.max_message_bytes);
+    grpc::ChannelArguments args = MakeChannelArguments(options);
     args.SetServiceConfigJSON(service_config);
     // Distinct channels get distinct connections.
     args.SetInt("matmul.channel_index", i);
@@ -54,10 +57,72 @@ absl::StatusOr<std::unique_ptr<MatmulClient>> MatmulClient::Create(const ClientO
     args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, options.max_message_bytes);
     args.SetInt(GRPC_ARG_ENABLE_RETRIES, options.max_attempts > 1 ? 1 : 0);
     std::shared_ptr<grpc::Channel> channel =
-        grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+        grpc::CreateCustomChannel(options.target, *credentials, args);
     client->stubs_.push_back(v1::MatmulService::NewStub(channel));
   }
   return client;
+}
+
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const ClientOptions& options) {
+  if (options.tls_ca_file.empty()) {
+    if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("a client certificate needs tls_ca_file (TLS) too");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions ssl;
+  absl::StatusOr<std::string> ca = ReadFile(options.tls_ca_file);
+  if (!ca.ok()) return ca.status();
+  ssl.pem_root_certs = *ca;
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("mutual TLS needs both tls_cert_file and tls_key_file");
+  }
+  if (!options.tls_cert_file.empty()) {
+    absl::StatusOr<std::string> cert = ReadFile(options.tls_cert_file);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadFile(options.tls_key_file);
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = *cert;
+    ssl.pem_private_key = *key;
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+absl::Status ApplySecurityFlags(const std::string& tls_ca, const std::string& tls_cert,
+                                const std::string& tls_key, const std::string& tls_server_name,
+                                const std::string& token_file, ClientOptions* options) {
+  options->tls_ca_file = tls_ca;
+  options->tls_cert_file = tls_cert;
+  options->tls_key_file = tls_key;
+  options->tls_server_name = tls_server_name;
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadFile(token_file);
+    if (!token.ok()) return token.status();
+    options->auth_token = std::string(absl::StripAsciiWhitespace(*token));
+    if (options->auth_token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(token_file, " is empty"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+grpc::ChannelArguments MakeChannelArguments(const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  return args;
 }
 
 v1::MatmulService::Stub* MatmulClient::stub() const {
@@ -67,6 +132,13 @@ v1::MatmulService::Stub* MatmulClient::stub() const {
 void MatmulClient::PrepareContext(grpc::ClientContext* context) const {
   if (options_.timeout > absl::ZeroDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  }
+  Authorize(context);
+}
+
+void MatmulClient::Authorize(grpc::ClientContext* context) const {
+  if (!options_.auth_token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + options_.auth_token);
   }
 }
 
@@ -114,6 +186,7 @@ absl::StatusOr<std::vector<v1::MultiplyResponse>> MatmulClient::MultiplyStream(
 void MatmulClient::MultiplyAsync(grpc::ClientContext* context, const v1::MultiplyRequest* request,
                                  v1::MultiplyResponse* response,
                                  std::function<void(grpc::Status)> done) const {
+  Authorize(context);
   stub()->async()->Multiply(context, request, response, std::move(done));
 }
 

@@ -39,7 +39,31 @@ struct ClientOptions {
   absl::Duration timeout = absl::ZeroDuration();
   // Separate TCP connections: calls are spread over this many channels.
   int channels = 1;
+  // TLS: a CA bundle (PEM) to verify the server with turns TLS on; a client
+  // certificate and key (PEM files) for mutual TLS; a name to expect in the
+  // server's certificate instead of the target's host.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+  // Sent as "authorization: Bearer <token>" on every call when set.
+  std::string auth_token;
 };
+
+// Channel credentials for `options` (TLS settings), read from the files.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const ClientOptions& options);
+
+// Fills the TLS and token fields of `options` from command-line style
+// settings; the token is read from `token_file` (surrounding whitespace
+// dropped) so that it does not show in process listings.
+absl::Status ApplySecurityFlags(const std::string& tls_ca, const std::string& tls_cert,
+                                const std::string& tls_key, const std::string& tls_server_name,
+                                const std::string& token_file, ClientOptions* options);
+
+// Channel arguments for `options` besides credentials (message sizes, TLS
+// name override).
+grpc::ChannelArguments MakeChannelArguments(const ClientOptions& options);
 
 // gRPC status as absl::Status (same codes, same message).
 absl::Status FromGrpc(const grpc::Status& status);
@@ -69,8 +93,10 @@ class MatmulClient {
 
   const ClientOptions& options() const { return options_; }
 
-  // Sets the call deadline from options().timeout.
+  // Sets the call deadline from options().timeout and adds the token.
   void PrepareContext(grpc::ClientContext* context) const;
+  // Adds the token (if any) to a context the caller set up.
+  void Authorize(grpc::ClientContext* context) const;
 
  private:
   explicit MatmulClient(const ClientOptions& options) : options_(options) {}

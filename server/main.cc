@@ -78,6 +78,18 @@ ABSL_FLAG(std::string, inject_device_failure, "",
 ABSL_FLAG(double, drain_delay_s, 1.0,
           "On SIGTERM/SIGINT: seconds between health turning NOT_SERVING and the listener "
           "closing (new calls meanwhile get UNAVAILABLE), so balancers stop routing here first.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain for TLS on the gRPC port (with --tls_key); empty: plain text.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle; when set, clients must present a certificate it signed (mutual TLS).");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "File of bearer tokens (\"NAME TOKEN\" or \"TOKEN\" per line); when set, every "
+          "MatmulService call needs \"authorization: Bearer <token>\" (health and reflection stay "
+          "open). Re-read on SIGHUP and when the file changes.");
+ABSL_FLAG(int, max_inflight_per_client, 0,
+          "Most requests one client (token name, or peer address without tokens) may have queued "
+          "or running; more get RESOURCE_EXHAUSTED. 0 means no limit.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, write \"<grpc port> <metrics port>\" to this file once serving.");
 
@@ -159,6 +171,11 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   config.default_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_default_timeout_ms));
   config.max_stream_inflight = absl::GetFlag(FLAGS_max_stream_inflight);
   config.drain_delay = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_drain_delay_s)));
+  config.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  config.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  config.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  config.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  config.max_inflight_per_client = absl::GetFlag(FLAGS_max_inflight_per_client);
   return config;
 }
 
@@ -184,6 +201,9 @@ void LogStartup(const matmul::server::MatmulServer& server) {
             << " max_response_bytes=" << c.limits.max_response_bytes
             << " default_timeout=" << c.default_timeout;
   LOG(INFO) << "serving gRPC on port " << server.port() << " (" << c.listen << ")"
+            << (c.tls_cert_file.empty() ? ", plain text"
+                                        : (c.tls_client_ca_file.empty() ? ", TLS" : ", mutual TLS"))
+            << (c.auth_tokens_file.empty() ? "" : ", bearer tokens required")
             << (server.metrics_port() > 0
                     ? absl::StrCat(", metrics on http://", c.metrics_listen.substr(
                                                               0, c.metrics_listen.rfind(':')),
@@ -208,6 +228,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   absl::StatusOr<matmul::server::ServerConfig> config = ConfigFromFlags();
@@ -249,13 +270,16 @@ int main(int argc, char** argv) {
   }
 
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  while (sigwait(&stop_signals, &signal_number) == 0 && signal_number == SIGHUP) {
+    const absl::Status reloaded = (*server)->ReloadTokens();
+    if (!reloaded.ok()) LOG(WARNING) << "SIGHUP: " << reloaded.message();
+  }
   const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s));
   LOG(INFO) << "received " << strsignal(signal_number) << "; draining for up to " << grace
             << " (send it again to stop at once)";
   std::thread([&stop_signals] {
-    int again = 0;
-    sigwait(&stop_signals, &again);
+    int again = SIGHUP;
+    while (again == SIGHUP) sigwait(&stop_signals, &again);
     LOG(WARNING) << "second " << strsignal(again) << "; stopping without finishing the drain";
     _exit(1);
   }).detach();

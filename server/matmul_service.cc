@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace matmul::server {
@@ -47,27 +48,45 @@ class MatmulServiceImpl::UnaryCall final : public grpc::ServerUnaryReactor {
   UnaryCall(MatmulServiceImpl* service, grpc::CallbackServerContext* context,
             const MultiplyRequest* request, MultiplyResponse* response)
       : service_(service), response_(response), arrival_(absl::Now()) {
+    service_->CallStarted();
     service_->metrics_->BytesReceived(request->ByteSizeLong());
     if (service_->draining_.load()) {
       End(ShuttingDown());
       return;
     }
+    absl::StatusOr<std::string> client = service_->Identify(*context);
+    if (!client.ok()) {
+      service_->metrics_->Rejected(RejectReason::kUnauthenticated);
+      End(client.status());
+      return;
+    }
+    if (absl::Status admitted = service_->Admit(*client); !admitted.ok()) {
+      End(admitted);
+      return;
+    }
+    client_ = *std::move(client);
     service_->metrics_->AddInflight(1);
     const absl::Status status = service_->Submit(
         *request, response, arrival_, service_->DeadlineFor(*context, arrival_), &job_id_,
         [this](const JobOutcome& outcome) {
           if (outcome.status.ok()) FillTiming(outcome, arrival_, response_->mutable_timing());
           service_->metrics_->AddInflight(-1);
+          service_->Release(client_);
           End(outcome.status);
         });
     if (!status.ok()) {
       service_->metrics_->AddInflight(-1);
+      service_->Release(client_);
       End(status);
     }
   }
 
   void OnCancel() override { service_->scheduler_->Cancel(job_id_); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    MatmulServiceImpl* service = service_;
+    delete this;
+    service->CallEnded();
+  }
 
  private:
   void End(const absl::Status& status) {
@@ -86,6 +105,8 @@ class MatmulServiceImpl::UnaryCall final : public grpc::ServerUnaryReactor {
   const absl::Time arrival_;
   // Set before the job is submitted; 0 when none was.
   uint64_t job_id_ = 0;
+  // Who sent it (for per-client limits).
+  std::string client_;
 };
 
 // One MultiplyStream. Reads items one at a time (at most
@@ -97,6 +118,7 @@ class MatmulServiceImpl::StreamCall final
  public:
   StreamCall(MatmulServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context) {
+    service_->CallStarted();
     if (service_->draining_.load()) {
       absl::MutexLock lock(&mu_);
       finished_ = true;
@@ -104,6 +126,16 @@ class MatmulServiceImpl::StreamCall final
       Finish(ToGrpcStatus(ShuttingDown()));
       return;
     }
+    absl::StatusOr<std::string> client = service_->Identify(*context);
+    if (!client.ok()) {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+      service_->metrics_->Rejected(RejectReason::kUnauthenticated);
+      service_->Record(kMultiplyStream, client.status(), absl::Now());
+      Finish(ToGrpcStatus(client.status()));
+      return;
+    }
+    client_ = *std::move(client);
     {
       absl::MutexLock lock(&service_->streams_mu_);
       service_->streams_.insert(this);
@@ -127,7 +159,7 @@ class MatmulServiceImpl::StreamCall final
     service_->metrics_->BytesReceived(item->request.ByteSizeLong());
     item->response.set_request_id(item->request.request_id());
     absl::Status status =
-        draining_ || finished_ ? ShuttingDown() : absl::OkStatus();
+        draining_ || finished_ ? ShuttingDown() : service_->Admit(client_);
     if (status.ok()) {
       Item* raw = item.get();
       service_->metrics_->AddInflight(1);
@@ -139,6 +171,7 @@ class MatmulServiceImpl::StreamCall final
         running_.emplace(raw->job_id, std::move(item));
       } else {
         service_->metrics_->AddInflight(-1);
+        service_->Release(client_);
       }
     }
     if (!status.ok()) QueueAnswerLocked(std::move(item), status);
@@ -171,11 +204,13 @@ class MatmulServiceImpl::StreamCall final
   }
 
   void OnDone() override {
+    MatmulServiceImpl* service = service_;
     if (registered_) {
-      absl::MutexLock lock(&service_->streams_mu_);
-      service_->streams_.erase(this);
+      absl::MutexLock lock(&service->streams_mu_);
+      service->streams_.erase(this);
     }
     delete this;
+    service->CallEnded();
   }
 
   // The server drains: stop taking items; finish once the accepted ones are
@@ -197,6 +232,7 @@ class MatmulServiceImpl::StreamCall final
   void OnJobDone(Item* raw, const JobOutcome& outcome) {
     absl::MutexLock lock(&mu_);
     service_->metrics_->AddInflight(-1);
+    service_->Release(client_);
     auto it = running_.find(raw->job_id);
     std::unique_ptr<Item> item = std::move(it->second);
     running_.erase(it);
@@ -256,6 +292,8 @@ class MatmulServiceImpl::StreamCall final
   grpc::CallbackServerContext* const context_;
   // Whether this stream is in service_->streams_.
   bool registered_ = false;
+  // Who opened it (for per-client limits).
+  std::string client_;
 
   absl::Mutex mu_;
   // The item being read into, while reading_.
@@ -294,16 +332,70 @@ grpc::ServerBidiReactor<MultiplyRequest, MultiplyResponse>* MatmulServiceImpl::M
 grpc::ServerUnaryReactor* MatmulServiceImpl::GetServerInfo(grpc::CallbackServerContext* context,
                                                            const v1::GetServerInfoRequest*,
                                                            v1::ServerInfo* response) {
-  *response = info_();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<std::string> client = Identify(*context);
+  if (!client.ok()) {
+    metrics_->Rejected(RejectReason::kUnauthenticated);
+    reactor->Finish(ToGrpcStatus(client.status()));
+    return reactor;
+  }
+  *response = info_();
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+absl::StatusOr<std::string> MatmulServiceImpl::Identify(
+    const grpc::CallbackServerContext& context) const {
+  if (options_.auth != nullptr) return options_.auth->Authenticate(context.client_metadata());
+  // Without authentication a client is its peer address, less the port.
+  std::string peer = context.peer();
+  const size_t colon = peer.rfind(':');
+  if (colon != std::string::npos && colon > 0) peer.resize(colon);
+  return peer;
+}
+
+absl::Status MatmulServiceImpl::Admit(const std::string& client) {
+  if (options_.max_inflight_per_client <= 0) return absl::OkStatus();
+  absl::MutexLock lock(&clients_mu_);
+  int& count = inflight_by_client_[client];
+  if (count >= options_.max_inflight_per_client) {
+    metrics_->Rejected(RejectReason::kClientLimit);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this client already has ", count, " requests in flight (max_inflight_per_client ",
+        options_.max_inflight_per_client, "); wait for answers before sending more"));
+  }
+  ++count;
+  return absl::OkStatus();
+}
+
+void MatmulServiceImpl::Release(const std::string& client) {
+  if (options_.max_inflight_per_client <= 0) return;
+  absl::MutexLock lock(&clients_mu_);
+  auto it = inflight_by_client_.find(client);
+  if (it == inflight_by_client_.end()) return;
+  if (--it->second <= 0) inflight_by_client_.erase(it);
 }
 
 void MatmulServiceImpl::StartDraining() {
   draining_.store(true);
   absl::MutexLock lock(&streams_mu_);
   for (StreamCall* stream : streams_) stream->Drain();
+}
+
+void MatmulServiceImpl::CallStarted() {
+  absl::MutexLock lock(&calls_mu_);
+  ++live_calls_;
+}
+
+void MatmulServiceImpl::CallEnded() {
+  absl::MutexLock lock(&calls_mu_);
+  --live_calls_;
+}
+
+bool MatmulServiceImpl::WaitForCalls(absl::Time deadline) {
+  absl::MutexLock lock(&calls_mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) { return live_calls_ == 0; };
+  return calls_mu_.AwaitWithDeadline(absl::Condition(&none), deadline);
 }
 
 absl::Time MatmulServiceImpl::DeadlineFor(const grpc::CallbackServerContext& context,

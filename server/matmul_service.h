@@ -14,10 +14,12 @@
 #include <atomic>
 #include <functional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "matmul/v1/matmul.grpc.pb.h"
+#include "server/auth.h"
 #include "server/dynamic_batch_scheduler.h"
 #include "server/metrics.h"
 #include "server/request_validation.h"
@@ -33,6 +35,12 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
     // Most items of one stream queued or running at once; the stream stops
     // reading (flow control pushes back on the client) beyond it.
     int max_stream_inflight = 128;
+    // When set, every MatmulService call needs a valid bearer token (health
+    // and reflection stay open). Must outlive the service.
+    const TokenAuthenticator* auth = nullptr;
+    // Most requests one client (token name, or peer address without
+    // authentication) may have queued or running; 0 means no limit.
+    int max_inflight_per_client = 0;
   };
 
   // `scheduler` and `metrics` must outlive the service; `info` builds the
@@ -53,6 +61,10 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
   // their accepted items are answered.
   void StartDraining();
 
+  // Waits until every Multiply and MultiplyStream call has finished (its
+  // status sent) or `deadline` passes; returns whether all finished.
+  bool WaitForCalls(absl::Time deadline);
+
  private:
   class UnaryCall;
   class StreamCall;
@@ -67,12 +79,31 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
   absl::Time DeadlineFor(const grpc::CallbackServerContext& context, absl::Time arrival) const;
   // Counts a call or item that ended with `status` after arriving at `arrival`.
   void Record(absl::string_view method, const absl::Status& status, absl::Time arrival);
+  // Who the call is from: its token's name, or its peer address when there
+  // is no authentication. UNAUTHENTICATED when the token is missing or bad.
+  absl::StatusOr<std::string> Identify(const grpc::CallbackServerContext& context) const;
+  // Takes one of `client`'s in-flight slots; RESOURCE_EXHAUSTED when it has
+  // max_inflight_per_client already. Release gives it back.
+  absl::Status Admit(const std::string& client);
+  void Release(const std::string& client);
 
   const Options options_;
   DynamicBatchScheduler* const scheduler_;
   Metrics* const metrics_;
   const std::function<v1::ServerInfo()> info_;
   std::atomic<bool> draining_{false};
+
+  // Called by the reactors as they start and end.
+  void CallStarted();
+  void CallEnded();
+
+  absl::Mutex calls_mu_;
+  // Multiply and MultiplyStream reactors alive.
+  int live_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;
+
+  absl::Mutex clients_mu_;
+  // Requests in flight per client, when limited.
+  absl::flat_hash_map<std::string, int> inflight_by_client_ ABSL_GUARDED_BY(clients_mu_);
 
   absl::Mutex streams_mu_;
   // Open streams, told when draining starts.

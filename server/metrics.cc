@@ -27,6 +27,8 @@ absl::string_view ReasonName(RejectReason r) {
     case RejectReason::kInvalid: return "invalid";
     case RejectReason::kTooLarge: return "too_large";
     case RejectReason::kShutdown: return "shutdown";
+    case RejectReason::kUnauthenticated: return "unauthenticated";
+    case RejectReason::kClientLimit: return "client_limit";
   }
   return "unknown";
 }
@@ -146,7 +148,8 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry,
                        .Register(*registry_);
   for (RejectReason r : {RejectReason::kQueueFull, RejectReason::kDeadline,
                          RejectReason::kCancelled, RejectReason::kInvalid,
-                         RejectReason::kTooLarge, RejectReason::kShutdown}) {
+                         RejectReason::kTooLarge, RejectReason::kShutdown,
+                         RejectReason::kUnauthenticated, RejectReason::kClientLimit}) {
     rejected_.push_back(&rejected.Add({{"reason", std::string(ReasonName(r))}}));
   }
   bytes_received_ = &prometheus::BuildCounter()

@@ -28,7 +28,16 @@
 namespace matmul::server {
 
 // Why a request was refused or ended without a result; the `reason` label.
-enum class RejectReason { kQueueFull, kDeadline, kCancelled, kInvalid, kTooLarge, kShutdown };
+enum class RejectReason {
+  kQueueFull,
+  kDeadline,
+  kCancelled,
+  kInvalid,
+  kTooLarge,
+  kShutdown,
+  kUnauthenticated,
+  kClientLimit,
+};
 
 class Metrics {
  public:

@@ -6,6 +6,7 @@
 #include <glog/logging.h>
 
 #include <climits>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -108,17 +109,28 @@ absl::Status MatmulServer::Start() {
   if (!scheduler.ok()) return scheduler.status();
   scheduler_ = *std::move(scheduler);
 
+  if (!config_.auth_tokens_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuthenticator>> auth =
+        TokenAuthenticator::Create(config_.auth_tokens_file);
+    if (!auth.ok()) return auth.status();
+    auth_ = *std::move(auth);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = Credentials();
+  if (!credentials.ok()) return credentials.status();
+
   MatmulServiceImpl::Options service_options;
   service_options.limits = config_.limits;
   service_options.default_timeout = config_.default_timeout;
   service_options.max_stream_inflight = config_.max_stream_inflight;
+  service_options.auth = auth_.get();
+  service_options.max_inflight_per_client = config_.max_inflight_per_client;
   service_ = std::make_unique<MatmulServiceImpl>(service_options, scheduler_.get(), metrics_.get(),
                                                  [this] { return Info(); });
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(config_.listen, *credentials, &port_);
   builder.RegisterService(service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(config_.max_request_bytes));
   builder.SetMaxSendMessageSize(-1);
@@ -137,6 +149,42 @@ absl::Status MatmulServer::Start() {
   health->SetServingStatus("", true);
   health->SetServingStatus(kServiceName, true);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MatmulServer::Credentials() const {
+  if (config_.tls_cert_file.empty() && config_.tls_key_file.empty()) {
+    if (!config_.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError("tls_client_ca needs tls_cert and tls_key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (config_.tls_cert_file.empty() || config_.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs both tls_cert and tls_key");
+  }
+  auto read = [](const std::string& path) -> absl::StatusOr<std::string> {
+    std::ifstream in(path);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  absl::StatusOr<std::string> cert = read(config_.tls_cert_file);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = read(config_.tls_key_file);
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  options.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!config_.tls_client_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = read(config_.tls_client_ca_file);
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+    options.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+absl::Status MatmulServer::ReloadTokens() {
+  if (auth_ == nullptr) return absl::FailedPreconditionError("no token file configured");
+  return auth_->Reload();
 }
 
 v1::ServerInfo MatmulServer::Info() const {
@@ -192,9 +240,13 @@ bool MatmulServer::Shutdown(absl::Duration grace) {
   // Whatever is still queued ends UNAVAILABLE; running batches finish.
   if (scheduler_ != nullptr) scheduler_->Stop();
   if (grpc_server_ != nullptr) {
-    // Responses already finished are still being written: give them the
-    // rest of the grace period, and at least a moment.
-    grpc_server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now() + absl::Seconds(1))));
+    // Every answer is on its way: wait until each call has sent its status
+    // (within the grace period), then close at once. Waiting longer would
+    // only wait for idle client connections to go away.
+    if (service_ != nullptr) {
+      service_->WaitForCalls(std::max(deadline, absl::Now() + absl::Seconds(1)));
+    }
+    grpc_server_->Shutdown(absl::ToChronoTime(absl::Now()));
     grpc_server_->Wait();
   }
   return drained_;

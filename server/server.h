@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/engine_factory.h"
+#include "server/auth.h"
 #include "server/dynamic_batch_scheduler.h"
 #include "server/matmul_service.h"
 #include "server/metrics.h"
@@ -49,6 +50,16 @@ struct ServerConfig {
   // server out of rotation first (new calls meanwhile get UNAVAILABLE,
   // which clients retry elsewhere).
   absl::Duration drain_delay = absl::Seconds(1);
+  // TLS: PEM files of the server's certificate chain and key; with a client
+  // CA, clients must present a certificate it signed (mutual TLS). Empty
+  // means plain text. The metrics endpoint stays plain HTTP.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // Bearer tokens (see auth.h); empty means no authentication.
+  std::string auth_tokens_file;
+  // Requests one client may have in flight; 0 means no limit.
+  int max_inflight_per_client = 0;
 };
 
 class MatmulServer {
@@ -77,14 +88,20 @@ class MatmulServer {
   // answered in time. Idempotent.
   bool Shutdown(absl::Duration grace);
 
+  // Re-reads the token file (SIGHUP); FAILED_PRECONDITION without one.
+  absl::Status ReloadTokens();
+
  private:
   MatmulServer(ServerConfig config, EngineSet engines);
   absl::Status Start();
+  // Server credentials from the TLS settings.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials() const;
 
   ServerConfig config_;
   EngineSet engines_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<TokenAuthenticator> auth_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   std::unique_ptr<DynamicBatchScheduler> scheduler_;
   std::unique_ptr<MatmulServiceImpl> service_;

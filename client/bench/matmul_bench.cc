@@ -54,6 +54,11 @@ ABSL_FLAG(std::string, modes, "unary", "Comma list: unary, stream.");
 ABSL_FLAG(double, duration_s, 3.0, "Measured seconds per row.");
 ABSL_FLAG(double, warmup_s, 0.5, "Unmeasured seconds before each row.");
 ABSL_FLAG(int, channels, 1, "TCP connections the callers are spread over.");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle to verify the server with; turns TLS on.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS (with --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_server_name, "", "Name expected in the server's certificate, if not the target's host.");
+ABSL_FLAG(std::string, token_file, "", "File holding a bearer token to send with every call.");
 ABSL_FLAG(std::string, label, "", "Label for the rows (e.g. batching-on).");
 ABSL_FLAG(std::string, json, "", "Append rows to this JSON-lines file.");
 ABSL_FLAG(bool, verify, true, "Check one response per shape against a float64 reference first.");
@@ -342,15 +347,31 @@ class StreamCaller : public grpc::ClientBidiReactor<Req, Resp> {
   absl::Time sent_;
 };
 
-std::vector<std::shared_ptr<grpc::Channel>> Channels(const std::string& target, int count) {
+// Security settings from the flags (the echo server is always plain text).
+client::ClientOptions g_security;
+
+// Adds the bearer token to a call to matmul-server.
+void Authorize(grpc::ClientContext* context) {
+  if (!g_security.auth_token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + g_security.auth_token);
+  }
+}
+
+std::vector<std::shared_ptr<grpc::Channel>> Channels(const std::string& target, int count,
+                                                     bool secure) {
+  client::ClientOptions options = secure ? g_security : client::ClientOptions();
+  options.max_message_bytes = INT32_MAX;
+  auto credentials = client::MakeChannelCredentials(options);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "matmul-bench: %s\n", std::string(credentials.status().message()).c_str());
+    std::exit(2);
+  }
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < count; ++i) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(INT32_MAX);
-    args.SetMaxSendMessageSize(INT32_MAX);
+    grpc::ChannelArguments args = client::MakeChannelArguments(options);
     args.SetInt("matmul.bench.channel", i);
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    channels.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+    channels.push_back(grpc::CreateCustomChannel(target, *credentials, args));
   }
   return channels;
 }
@@ -442,7 +463,14 @@ std::vector<std::string> List(const std::string& flag) {
 int Run(bool open) {
   std::mt19937_64 rng(std::random_device{}());
   const int channels = absl::GetFlag(FLAGS_channels);
-  client::ClientOptions options;
+  absl::Status security = client::ApplySecurityFlags(
+      absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+      absl::GetFlag(FLAGS_tls_server_name), absl::GetFlag(FLAGS_token_file), &g_security);
+  if (!security.ok()) {
+    std::fprintf(stderr, "matmul-bench: %s\n", std::string(security.message()).c_str());
+    return 2;
+  }
+  client::ClientOptions options = g_security;
   options.target = absl::GetFlag(FLAGS_target);
   options.channels = channels;
   options.max_message_bytes = INT32_MAX;
@@ -464,16 +492,18 @@ int Run(bool open) {
               "mode", "shape", "dtype", "conc", "rate", "req/s", "GB/s", "TFLOP/s", "p50 ms",
               "p90 ms", "p99 ms", "p99.9 ms");
   // Stubs per channel for matmul and echo.
-  auto mm_channels = Channels(options.target, channels);
+  auto mm_channels = Channels(options.target, channels, /*secure=*/true);
   std::vector<Calls<v1::MultiplyRequest, v1::MultiplyResponse>> mm_calls;
   std::vector<std::unique_ptr<v1::MatmulService::Stub>> mm_stubs;
   for (auto& ch : mm_channels) {
     mm_stubs.push_back(v1::MatmulService::NewStub(ch));
     auto* stub = mm_stubs.back().get();
     mm_calls.push_back({[stub](auto* ctx, auto* req, auto* resp, auto done) {
+                          Authorize(ctx);
                           stub->async()->Multiply(ctx, req, resp, std::move(done));
                         },
                         [stub](auto* ctx, auto* reactor) {
+                          Authorize(ctx);
                           stub->async()->MultiplyStream(ctx, reactor);
                         }});
   }
@@ -481,7 +511,7 @@ int Run(bool open) {
   std::vector<std::unique_ptr<Echo::Stub>> echo_stubs;
   const std::string echo_target = absl::GetFlag(FLAGS_echo_target);
   if (!echo_target.empty()) {
-    for (auto& ch : Channels(echo_target, channels)) {
+    for (auto& ch : Channels(echo_target, channels, /*secure=*/false)) {
       echo_stubs.push_back(Echo::NewStub(ch));
       auto* stub = echo_stubs.back().get();
       echo_calls.push_back({[stub](auto* ctx, auto* req, auto* resp, auto done) {

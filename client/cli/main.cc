@@ -19,6 +19,11 @@
 #include "kernels/reference_gemm.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address (any gRPC target).");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle to verify the server with; turns TLS on.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS (with --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_server_name, "", "Name expected in the server's certificate, if not the target's host.");
+ABSL_FLAG(std::string, token_file, "", "File holding a bearer token to send with every call.");
 ABSL_FLAG(double, timeout_s, 0, "Deadline per call in seconds; 0 means none.");
 ABSL_FLAG(int64_t, m, 256, "Rows of op(A) and of the result (random inputs).");
 ABSL_FLAG(int64_t, n, 256, "Columns of op(B) and of the result (random inputs).");
@@ -142,6 +147,10 @@ int main(int argc, char** argv) {
   client::ClientOptions options;
   options.target = absl::GetFlag(FLAGS_target);
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  absl::Status security = client::ApplySecurityFlags(
+      absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+      absl::GetFlag(FLAGS_tls_server_name), absl::GetFlag(FLAGS_token_file), &options);
+  if (!security.ok()) return Fail(std::string(security.message()));
   absl::StatusOr<std::unique_ptr<client::MatmulClient>> c = client::MatmulClient::Create(options);
   if (!c.ok()) return Fail(std::string(c.status().message()));
   const std::string command = args[1];

@@ -1,6 +1,7 @@
 #include "tests/util/test_util.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -93,7 +94,7 @@ std::vector<size_t> FakeEngine::batch_sizes() const {
 }
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
-    const std::vector<std::string>& flags) {
+    const std::vector<std::string>& flags, const std::string& log_file) {
   auto process = std::unique_ptr<ServerProcess>(new ServerProcess());
   char dir_template[] = "/tmp/matmul-test-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp failed");
@@ -110,9 +111,15 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  if (posix_spawn(&process->pid_, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-    return absl::InternalError(absl::StrCat("cannot start ", argv[0]));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!log_file.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 1, log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
   }
+  const int spawned = posix_spawn(&process->pid_, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) return absl::InternalError(absl::StrCat("cannot start ", argv[0]));
   // Wait for the port file (the server writes it once serving).
   for (int i = 0; i < 6000; ++i) {
     std::ifstream in(port_file);

@@ -60,8 +60,9 @@ class FakeEngine final : public Engine {
 // the kernel (port 0). Killed on destruction if still running.
 class ServerProcess {
  public:
+  // `log_file`, when set, receives the server's stdout and stderr.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
-      const std::vector<std::string>& flags);
+      const std::vector<std::string>& flags, const std::string& log_file = "");
   ~ServerProcess();
 
   int port() const { return port_; }

@@ -93,11 +93,16 @@ class MatmulClient:
     the name resolves to, e.g. a headless Kubernetes Service) or
     "ipv4:10.0.0.1:50051,10.0.0.2:50051". ``load_balancing`` is "pick_first" or
     "round_robin"; ``max_attempts`` > 1 retries calls answered UNAVAILABLE.
+    TLS: ``tls_ca`` (a PEM file to verify the server with) turns it on;
+    ``tls_cert``/``tls_key`` (PEM files) add a client certificate for mutual TLS;
+    ``tls_server_name`` overrides the name expected in the server's certificate.
+    ``token`` is sent as "authorization: Bearer <token>" on every call.
     A client may be shared by threads.
     """
 
     def __init__(self, target, *, timeout=None, load_balancing="pick_first", max_attempts=1,
-                 max_message_bytes=1 << 30):
+                 max_message_bytes=1 << 30, tls_ca=None, tls_cert=None, tls_key=None,
+                 tls_server_name=None, token=None):
         if load_balancing not in ("pick_first", "round_robin"):
             raise ValueError("load_balancing must be pick_first or round_robin")
         config = {"loadBalancingConfig": [{load_balancing: {}}]}
@@ -118,9 +123,24 @@ class MatmulClient:
             ("grpc.enable_retries", 1 if max_attempts > 1 else 0),
             ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
         ]
-        self._channel = grpc.insecure_channel(target, options=options)
+        if tls_server_name:
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
+        if tls_ca:
+            def read(path):
+                with open(path, "rb") as f:
+                    return f.read()
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=read(tls_ca),
+                private_key=read(tls_key) if tls_key else None,
+                certificate_chain=read(tls_cert) if tls_cert else None)
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        else:
+            if tls_cert or tls_key:
+                raise ValueError("a client certificate needs tls_ca (TLS) too")
+            self._channel = grpc.insecure_channel(target, options=options)
         self._stub = matmul_pb2_grpc.MatmulServiceStub(self._channel)
         self._timeout = timeout
+        self._metadata = [("authorization", f"Bearer {token}")] if token else None
 
     def close(self):
         self._channel.close()
@@ -133,7 +153,8 @@ class MatmulClient:
 
     def _call(self, method, request, timeout):
         try:
-            return method(request, timeout=timeout if timeout is not None else self._timeout)
+            return method(request, timeout=timeout if timeout is not None else self._timeout,
+                          metadata=self._metadata)
         except grpc.RpcError as e:
             raise MatmulError(e.code(), e.details()) from None
 
@@ -176,7 +197,8 @@ class MatmulClient:
         (match by request_id; failed items have ``error`` set)."""
         try:
             return list(self._stub.MultiplyStream(
-                iter(requests), timeout=timeout if timeout is not None else self._timeout))
+                iter(requests), timeout=timeout if timeout is not None else self._timeout,
+                metadata=self._metadata))
         except grpc.RpcError as e:
             raise MatmulError(e.code(), e.details()) from None
 
