@@ -1,6 +1,7 @@
 #include "server/matmul_service.h"
 
 #include <deque>
+#include <optional>
 #include <memory>
 #include <utility>
 
@@ -119,17 +120,23 @@ class MatmulServiceImpl::StreamCall final
   StreamCall(MatmulServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context) {
     service_->CallStarted();
+    // Finish is never called with mu_ held: once it is called, OnDone may
+    // run on another thread and delete this reactor, mutex and all.
     if (service_->draining_.load()) {
-      absl::MutexLock lock(&mu_);
-      finished_ = true;
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+      }
       service_->Record(kMultiplyStream, ShuttingDown(), absl::Now());
       Finish(ToGrpcStatus(ShuttingDown()));
       return;
     }
     absl::StatusOr<std::string> client = service_->Identify(*context);
     if (!client.ok()) {
-      absl::MutexLock lock(&mu_);
-      finished_ = true;
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+      }
       service_->metrics_->Rejected(RejectReason::kUnauthenticated);
       service_->Record(kMultiplyStream, client.status(), absl::Now());
       Finish(ToGrpcStatus(client.status()));
@@ -146,13 +153,21 @@ class MatmulServiceImpl::StreamCall final
   }
 
   void OnReadDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      finish = ReadDoneLocked(ok);
+    }
+    if (finish.has_value()) Finish(*finish);
+  }
+
+  // OnReadDone's work; returns the status to finish with, if it is time.
+  std::optional<grpc::Status> ReadDoneLocked(bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     reading_ = false;
     if (!ok) {
       reads_done_ = true;
       reading_item_.reset();
-      MaybeFinishLocked();
-      return;
+      return MaybeFinishLocked();
     }
     std::unique_ptr<Item> item = std::move(reading_item_);
     item->arrival = absl::Now();
@@ -176,20 +191,25 @@ class MatmulServiceImpl::StreamCall final
     }
     if (!status.ok()) QueueAnswerLocked(std::move(item), status);
     StartNextReadLocked();
+    return std::nullopt;
   }
 
   void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) {
-      // The client is gone: nothing more can be delivered.
-      broken_ = true;
-      writes_.clear();
-    } else {
-      writes_.pop_front();
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {
+        // The client is gone: nothing more can be delivered.
+        broken_ = true;
+        writes_.clear();
+      } else {
+        writes_.pop_front();
+      }
+      StartNextWriteLocked();
+      finish = MaybeFinishLocked();
     }
-    StartNextWriteLocked();
-    MaybeFinishLocked();
+    if (finish.has_value()) Finish(*finish);
   }
 
   void OnCancel() override {
@@ -199,8 +219,10 @@ class MatmulServiceImpl::StreamCall final
       cancelled_ = true;
       for (const auto& [id, item] : running_) ids.push_back(id);
     }
-    // Outside the lock: a cancelled queued job ends in this call.
-    for (uint64_t id : ids) service_->scheduler_->Cancel(id);
+    // Outside the lock: a cancelled queued job ends in this call, and may
+    // finish the stream, so only locals are used from here on.
+    DynamicBatchScheduler* scheduler = service_->scheduler_;
+    for (uint64_t id : ids) scheduler->Cancel(id);
   }
 
   void OnDone() override {
@@ -216,9 +238,13 @@ class MatmulServiceImpl::StreamCall final
   // The server drains: stop taking items; finish once the accepted ones are
   // answered.
   void Drain() {
-    absl::MutexLock lock(&mu_);
-    draining_ = true;
-    MaybeFinishLocked();
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      draining_ = true;
+      finish = MaybeFinishLocked();
+    }
+    if (finish.has_value()) Finish(*finish);
   }
 
  private:
@@ -230,16 +256,20 @@ class MatmulServiceImpl::StreamCall final
   };
 
   void OnJobDone(Item* raw, const JobOutcome& outcome) {
-    absl::MutexLock lock(&mu_);
-    service_->metrics_->AddInflight(-1);
-    service_->Release(client_);
-    auto it = running_.find(raw->job_id);
-    std::unique_ptr<Item> item = std::move(it->second);
-    running_.erase(it);
-    if (outcome.status.ok()) FillTiming(outcome, item->arrival, item->response.mutable_timing());
-    QueueAnswerLocked(std::move(item), outcome.status);
-    StartNextReadLocked();
-    MaybeFinishLocked();
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      service_->metrics_->AddInflight(-1);
+      service_->Release(client_);
+      auto it = running_.find(raw->job_id);
+      std::unique_ptr<Item> item = std::move(it->second);
+      running_.erase(it);
+      if (outcome.status.ok()) FillTiming(outcome, item->arrival, item->response.mutable_timing());
+      QueueAnswerLocked(std::move(item), outcome.status);
+      StartNextReadLocked();
+      finish = MaybeFinishLocked();
+    }
+    if (finish.has_value()) Finish(*finish);
   }
 
   // Records the item's end and queues its response (with `error` set when
@@ -274,18 +304,19 @@ class MatmulServiceImpl::StreamCall final
     StartWrite(&writes_.front()->response);
   }
 
-  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || !running_.empty() || writing_ || (!writes_.empty() && !broken_)) return;
-    if (!reads_done_ && !draining_ && !cancelled_) return;
-    finished_ = true;
-    if (cancelled_) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
-    } else if (reads_done_) {
-      Finish(grpc::Status::OK);
-    } else {
-      Finish(ToGrpcStatus(absl::UnavailableError(
-          "server is shutting down; items sent after this point were not received")));
+  // When everything accepted is answered and written and no more items
+  // will come, marks the stream finished and returns the status to call
+  // Finish with (after releasing mu_).
+  std::optional<grpc::Status> MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || !running_.empty() || writing_ || (!writes_.empty() && !broken_)) {
+      return std::nullopt;
     }
+    if (!reads_done_ && !draining_ && !cancelled_) return std::nullopt;
+    finished_ = true;
+    if (cancelled_) return grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled");
+    if (reads_done_) return grpc::Status::OK;
+    return ToGrpcStatus(absl::UnavailableError(
+        "server is shutting down; items sent after this point were not received"));
   }
 
   MatmulServiceImpl* const service_;
