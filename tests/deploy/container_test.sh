@@ -89,7 +89,10 @@ print("container_test: health SERVING")
 PY
 "$build/client/matmul-cli" multiply --target="127.0.0.1:$port" --dtype=bf16 --m=200 --n=150 --k=100 \
     --transpose_b --verify
-curl -sf "127.0.0.1:$metrics_port/metrics" | grep -q '^matmul_requests_total{code="OK",method="Multiply"} 1' \
+# Read the whole page first: `curl | grep -q` under pipefail fails when grep
+# exits on its first match and curl is still writing.
+metrics=$(curl -sf "127.0.0.1:$metrics_port/metrics") || { log "FAIL: metrics endpoint"; exit 1; }
+grep -q '^matmul_requests_total{code="OK",method="Multiply"} 1' <<<"$metrics" \
     || { log "FAIL: metrics do not show the request"; exit 1; }
 
 # 6. SIGTERM: drain and exit 0.
