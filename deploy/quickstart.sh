@@ -10,7 +10,8 @@
 #       (what CI runs).
 #
 # Environment: BUILD_DIR (default: build), MATMUL_CUDA (AUTO|ON|OFF),
-# JOBS (parallel build jobs, default: all cores).
+# JOBS (parallel build jobs, default: all cores), MATMUL_SANITIZERS (all|none:
+# whether `test` also runs the ASan+UBSan and TSan stages; default all).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -33,8 +34,15 @@ case "$cmd" in
   test)
     deploy/install-deps.sh build test
     build -DMATMUL_BUILD_TESTS=ON
-    cd "$build_dir"
-    ctest --output-on-failure --timeout 1200 -j "$jobs" "$@"
+    (cd "$build_dir" && ctest --output-on-failure --timeout 1200 -j "$jobs" "$@")
+    # Then the CPU suite under ASan + UBSan and the concurrency tests under
+    # TSan (tests/sanitizers/run.sh); MATMUL_SANITIZERS=none skips them.
+    case "${MATMUL_SANITIZERS:-all}" in
+      all) JOBS="$jobs" tests/sanitizers/run.sh address
+           JOBS="$jobs" tests/sanitizers/run.sh thread ;;
+      none) echo "quickstart: sanitizer stages skipped (MATMUL_SANITIZERS=none)" ;;
+      *) echo "MATMUL_SANITIZERS must be all or none" >&2; exit 2 ;;
+    esac
     ;;
   *)
     echo "usage: $0 serve [server flags...] | test [ctest args...]" >&2

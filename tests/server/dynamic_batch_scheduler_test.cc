@@ -42,7 +42,8 @@ struct Call {
 
 std::unique_ptr<Job> MakeJob(DynamicBatchScheduler& s, Call& call, int64_t size = 4,
                              int32_t priority = 0) {
-  static std::mt19937_64 rng(std::random_device{}());
+  // One generator per thread: producers run concurrently.
+  thread_local std::mt19937_64 rng(std::random_device{}());
   client::ProblemSpec spec;
   spec.m = spec.n = spec.k = size;
   call.request = client::RandomRequest(spec, rng);
