@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the request fuzzer with clang (libFuzzer + ASan + UBSan) and runs it
+# for a bounded time from the seed corpus; any crash fails the test and
+# leaves its input in WORK_DIR (make it a regression test).
+#
+#   run.sh WORK_DIR SOURCE_DIR BUILD_DIR [SECONDS]
+set -euo pipefail
+work=$1 src=$2 build=$3 seconds=${4:-60}
+mkdir -p "$work/corpus" "$work/artifacts"
+command -v clang++ >/dev/null || { echo "fuzz test: clang++ is required" >&2; exit 1; }
+gen="$build/generated"
+flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+       -I"$src" -I"$gen" $(pkg-config --cflags protobuf openblas))
+libs=($(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format protobuf openblas))
+clang++ "${flags[@]}" "$src/tests/fuzz/request_fuzzer.cc" "$src/server/request_validation.cc" \
+    "$src/kernels/cpu/cpu_engine.cc" "$src/kernels/dtype.cc" "$src/kernels/half.cc" \
+    "$src/kernels/engine.cc" "$gen/matmul/v1/matmul.pb.cc" "${libs[@]}" -o "$work/request_fuzzer"
+PYTHONPATH="$build/python" /usr/bin/python3 "$src/tests/fuzz/make_corpus.py" "$work/seeds"
+# Inputs past the seeds and the committed regression inputs.
+cp "$work/seeds"/* "$work/corpus/"
+[[ -d $src/tests/fuzz/regressions ]] && cp "$src/tests/fuzz/regressions"/* "$work/corpus/" 2>/dev/null || true
+ASAN_OPTIONS=detect_leaks=1 "$work/request_fuzzer" -max_total_time="$seconds" -timeout=10 \
+    -rss_limit_mb=2048 -artifact_prefix="$work/artifacts/" -print_final_stats=1 "$work/corpus"
