@@ -171,8 +171,8 @@ void DynamicBatchScheduler::Fail(std::vector<std::unique_ptr<Job>> jobs,
   for (std::unique_ptr<Job>& job : jobs) {
     JobOutcome outcome;
     outcome.status = status;
-    job->on_done(outcome);
     if (metrics_ != nullptr) metrics_->Rejected(reason);
+    job->on_done(outcome);
   }
   absl::MutexLock lock(&mu_);
   accepted_ -= static_cast<int64_t>(jobs.size());
@@ -279,6 +279,14 @@ void DynamicBatchScheduler::RunBatch(int device, Batch batch) {
     for (size_t r = 0; r < runnable.size(); ++r) status[runnable[r]] = std::move(engine_status[r]);
   }
   const absl::Time end = absl::Now();
+  // Metrics first: a caller that reads /metrics right after its answer sees
+  // its batch counted.
+  if (metrics_ != nullptr && !batch.jobs.empty()) {
+    metrics_->BatchFinished(device, n, batch.flops, absl::ToDoubleSeconds(end - start),
+                            batch.jobs.front()->problem.input_type);
+    const EngineStats stats = engine->Stats();
+    metrics_->SetDeviceMemory(device, stats.memory_in_use_bytes, stats.memory_capacity_bytes);
+  }
   const std::string& device_id = engine->Device().id;
   for (size_t i = 0; i < n; ++i) {
     Job& job = *batch.jobs[i];
@@ -290,12 +298,6 @@ void DynamicBatchScheduler::RunBatch(int device, Batch batch) {
     outcome.device = device_id;
     if (metrics_ != nullptr) metrics_->QueueTime(absl::ToDoubleSeconds(outcome.queue_time));
     job.on_done(outcome);
-  }
-  if (metrics_ != nullptr && !batch.jobs.empty()) {
-    metrics_->BatchFinished(device, n, batch.flops, absl::ToDoubleSeconds(end - start),
-                            batch.jobs.front()->problem.input_type);
-    const EngineStats stats = engine->Stats();
-    metrics_->SetDeviceMemory(device, stats.memory_in_use_bytes, stats.memory_capacity_bytes);
   }
   const bool healthy = engine->Healthy();
   int failed_healthy_left = -1;

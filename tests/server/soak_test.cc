@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <set>
 #include <random>
@@ -241,7 +242,14 @@ TEST(SoakTest, MixedFaultyLoadLosesNothingAndTheCountersAgree) {
   EXPECT_EQ(MetricSum(metrics, "matmul_inflight_requests"), 0);
   EXPECT_EQ(MetricSum(metrics, "matmul_queue_depth"), 0);
   // Memory flat: the second half of the run did not grow it materially.
+  // Under AddressSanitizer freed memory sits in its quarantine (256 MiB), so
+  // RSS says nothing there; its leak checker covers that build instead.
+#if defined(__SANITIZE_ADDRESS__)
+  std::cout << "soak_test: RSS check not made under AddressSanitizer (quarantine); "
+            << "rss_mid=" << rss_mid << " rss_end=" << rss_end << "\n";
+#else
   EXPECT_LT(rss_end, rss_mid + (64 << 20));
+#endif
 }
 
 }  // namespace
