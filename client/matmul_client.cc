@@ -161,6 +161,82 @@ absl::StatusOr<v1::ServerInfo> MatmulClient::GetServerInfo() const {
   return info;
 }
 
+absl::StatusOr<v1::MatrixHandle> MatmulClient::PutMatrix(const v1::Matrix& matrix,
+                                                         uint64_t ttl_seconds,
+                                                         uint64_t chunk_bytes) const {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::MatrixHandle handle;
+  if (chunk_bytes == 0 || matrix.data().size() <= chunk_bytes) {
+    v1::PutMatrixRequest request;
+    *request.mutable_matrix() = matrix;
+    request.set_ttl_seconds(ttl_seconds);
+    const grpc::Status status = stub()->PutMatrix(&context, request, &handle);
+    if (!status.ok()) return FromGrpc(status);
+    return handle;
+  }
+  std::unique_ptr<grpc::ClientWriter<v1::UploadMatrixChunk>> writer =
+      stub()->UploadMatrix(&context, &handle);
+  const std::string& data = matrix.data();
+  for (size_t offset = 0; offset < data.size(); offset += chunk_bytes) {
+    v1::UploadMatrixChunk chunk;
+    if (offset == 0) {
+      chunk.set_rows(matrix.rows());
+      chunk.set_cols(matrix.cols());
+      chunk.set_dtype(matrix.dtype());
+      chunk.set_ttl_seconds(ttl_seconds);
+    }
+    chunk.set_data(data.substr(offset, chunk_bytes));
+    if (!writer->Write(chunk)) break;  // The server ended the call; Finish says why.
+  }
+  writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpc(status);
+  return handle;
+}
+
+absl::StatusOr<v1::Matrix> MatmulClient::GetMatrix(const std::string& id) const {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::GetMatrixRequest request;
+  request.set_id(id);
+  std::unique_ptr<grpc::ClientReader<v1::MatrixChunk>> reader = stub()->GetMatrix(&context, request);
+  v1::Matrix matrix;
+  v1::MatrixChunk chunk;
+  bool first = true;
+  while (reader->Read(&chunk)) {
+    if (first) {
+      matrix.set_rows(chunk.handle().rows());
+      matrix.set_cols(chunk.handle().cols());
+      matrix.set_dtype(chunk.handle().dtype());
+      matrix.mutable_data()->reserve(chunk.handle().bytes());
+      first = false;
+    }
+    matrix.mutable_data()->append(chunk.data());
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) return FromGrpc(status);
+  return matrix;
+}
+
+absl::Status MatmulClient::DeleteMatrix(const std::string& id) const {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::DeleteMatrixRequest request;
+  request.set_id(id);
+  v1::DeleteMatrixResponse response;
+  return FromGrpc(stub()->DeleteMatrix(&context, request, &response));
+}
+
+absl::StatusOr<std::vector<v1::MatrixHandle>> MatmulClient::ListMatrices() const {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::ListMatricesResponse response;
+  const grpc::Status status = stub()->ListMatrices(&context, v1::ListMatricesRequest(), &response);
+  if (!status.ok()) return FromGrpc(status);
+  return std::vector<v1::MatrixHandle>(response.matrices().begin(), response.matrices().end());
+}
+
 absl::StatusOr<std::vector<v1::MultiplyResponse>> MatmulClient::MultiplyStream(
     absl::Span<const v1::MultiplyRequest> requests) const {
   grpc::ClientContext context;

@@ -82,6 +82,20 @@ class MatmulClient {
 
   absl::StatusOr<v1::ServerInfo> GetServerInfo() const;
 
+  // Matrices kept on the server (see the PutMatrix RPC). Use the handle's
+  // id as Matrix.handle in later requests.
+  //
+  // Keeps `matrix` (inline data) for `ttl_seconds` (0: server default).
+  // Sends it in one message when it fits `chunk_bytes`, else streams it in
+  // chunks of that size (UploadMatrix), so any size up to the store's
+  // budget goes.
+  absl::StatusOr<v1::MatrixHandle> PutMatrix(const v1::Matrix& matrix, uint64_t ttl_seconds = 0,
+                                             uint64_t chunk_bytes = 4 << 20) const;
+  // Downloads a kept matrix (rows, cols, dtype and data).
+  absl::StatusOr<v1::Matrix> GetMatrix(const std::string& id) const;
+  absl::Status DeleteMatrix(const std::string& id) const;
+  absl::StatusOr<std::vector<v1::MatrixHandle>> ListMatrices() const;
+
   // Asynchronous unary call for load generators: `done` runs on a gRPC
   // thread once `response` is filled. `context` must outlive the call.
   void MultiplyAsync(grpc::ClientContext* context, const v1::MultiplyRequest* request,

@@ -15,14 +15,46 @@
 #define MATMUL_KERNELS_ENGINE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/dtype.h"
 
 namespace matmul {
+
+// A matrix kept in an engine's memory between requests: an operand uploaded
+// once and used by many products, or a result kept for a later product.
+// Made by Engine::CreateResident and used only with the engine that made it
+// (the CUDA engine keeps it in device memory, rows padded as its kernels
+// like; the CPU engine in host memory). Freed when destroyed.
+class ResidentMatrix {
+ public:
+  virtual ~ResidentMatrix() = default;
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  DType dtype() const { return dtype_; }
+  // Dense size, rows * cols * element size.
+  uint64_t bytes() const {
+    return static_cast<uint64_t>(rows_) * static_cast<uint64_t>(cols_) * ElementSize(dtype_);
+  }
+  // Memory it holds on its engine (padding included).
+  virtual uint64_t footprint() const { return bytes(); }
+
+ protected:
+  ResidentMatrix(int64_t rows, int64_t cols, DType dtype) : rows_(rows), cols_(cols), dtype_(dtype) {}
+
+ private:
+  const int64_t rows_;
+  const int64_t cols_;
+  const DType dtype_;
+};
+
+// Bits of GemmProblem::resident.
+inline constexpr uint32_t kResidentA = 1, kResidentB = 2, kResidentC = 4, kResidentD = 8;
 
 // One product D = alpha * op(A) * op(B) + beta * C. op(A) is m x k, op(B) is
 // k x n, C and D are m x n. A is stored row-major as m x k, or as k x m when
@@ -44,6 +76,17 @@ struct GemmProblem {
   const void* b = nullptr;
   const void* c = nullptr;
   void* d = nullptr;
+  // When set, that operand (or the result) is this resident matrix of the
+  // engine that runs the problem, stored as the matching pointer's matrix
+  // would be (A is m x k, or k x m when transposed), and the pointer is
+  // ignored. A resident D keeps the result on the engine.
+  // Which operands are (or will be, once bound) resident: kResidentA | ...
+  // Staging budgets (ProblemBytes) leave those out.
+  uint32_t resident = 0;
+  const ResidentMatrix* a_resident = nullptr;
+  const ResidentMatrix* b_resident = nullptr;
+  const ResidentMatrix* c_resident = nullptr;
+  ResidentMatrix* d_resident = nullptr;
 };
 
 // Floating-point operations of one problem (2*m*n*k).
@@ -52,7 +95,8 @@ inline double ProblemFlops(const GemmProblem& p) {
          static_cast<double>(p.k);
 }
 
-// Bytes the problem reads and writes (A, B, C when used, D).
+// Bytes the problem reads and writes (A, B, C when used, D), less its
+// resident operands: what a batch stages to and from the device.
 uint64_t ProblemBytes(const GemmProblem& p);
 
 // Leading dimensions of the dense row-major storage.
@@ -108,7 +152,23 @@ class Engine {
   virtual bool Healthy() const { return true; }
 
   virtual EngineStats Stats() const { return {}; }
+
+  // Makes a rows x cols `dtype` matrix in this engine's memory, filled from
+  // `host` (dense, row-major) unless `host` is null. RESOURCE_EXHAUSTED when
+  // the engine's resident memory is full. The default keeps it in host
+  // memory (what the CPU engine wants).
+  virtual absl::StatusOr<std::unique_ptr<ResidentMatrix>> CreateResident(int64_t rows,
+                                                                         int64_t cols, DType dtype,
+                                                                         const void* host);
+  // Copies `matrix` (made by this engine) to `host`, dense row-major,
+  // matrix.bytes() long.
+  virtual absl::Status ReadResident(const ResidentMatrix& matrix, void* host);
 };
+
+// The problem with every resident operand made by Engine's default
+// CreateResident replaced by its host pointer (for engines that compute
+// from host memory).
+GemmProblem ResolveHostResident(const GemmProblem& problem);
 
 }  // namespace matmul
 

@@ -31,6 +31,7 @@ absl::StatusOr<EngineSet> CreateGpuEngines(const EngineOptions& options) {
   CudaEngineOptions cuda;
   cuda.devices = options.cuda_devices;
   cuda.memory_fraction = options.gpu_memory_fraction;
+  cuda.resident_bytes = options.gpu_resident_bytes;
   cuda.kernels = options.cuda_kernels;
   absl::StatusOr<CudaEngineSet> engines = CreateCudaEngines(cuda);
   if (!engines.ok()) return engines.status();

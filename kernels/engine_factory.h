@@ -24,6 +24,9 @@ struct EngineOptions {
   std::vector<int> cuda_devices;
   // Share of each GPU's free memory the engine's pool takes at start-up.
   double gpu_memory_fraction = 0.8;
+  // Of that share, device memory per engine kept apart for resident
+  // matrices (the CPU engine keeps them in host memory instead).
+  uint64_t gpu_resident_bytes = 0;
   // CUDA kernel family: "persistent" (our grouped persistent kernels),
   // "nonpersistent" (same tiles, one CTA per tile) or "cublas".
   std::string cuda_kernels = "persistent";

@@ -25,6 +25,21 @@ int PickDevice(absl::Span<const DeviceLoad> devices) {
   return best;
 }
 
+int PickDeviceFor(absl::Span<const DeviceLoad> devices, absl::Span<const uint64_t> resident_bytes,
+                  int fallback) {
+  int best = fallback;
+  uint64_t best_bytes = 0;
+  for (int i = 0; i < static_cast<int>(devices.size()); ++i) {
+    const DeviceLoad& d = devices[i];
+    if (!d.healthy || d.free_lanes <= 0) continue;
+    if (resident_bytes[i] > best_bytes) {
+      best = i;
+      best_bytes = resident_bytes[i];
+    }
+  }
+  return best;
+}
+
 absl::StatusOr<std::unique_ptr<DynamicBatchScheduler>> DynamicBatchScheduler::Create(
     const Options& options, std::vector<Engine*> engines, Metrics* metrics) {
   if (engines.empty()) return absl::InvalidArgumentError("scheduler needs at least one engine");
@@ -195,6 +210,13 @@ void DynamicBatchScheduler::SchedulerLoop() {
       if (device < 0) break;
       std::vector<std::unique_ptr<Job>> jobs = queue_.TakeBatch(now, draining_);
       if (jobs.empty()) break;
+      // A batch with kept operands goes where most of their bytes are.
+      std::vector<uint64_t> resident(devices_.size(), 0);
+      for (const auto& job : jobs) {
+        if (job->resident == nullptr) continue;
+        for (size_t d = 0; d < devices_.size(); ++d) resident[d] += job->resident->BytesOn(static_cast<int>(d));
+      }
+      device = PickDeviceFor(loads, resident, device);
       Batch batch;
       for (const auto& job : jobs) batch.flops += ProblemFlops(job->problem);
       batch.jobs = std::move(jobs);
@@ -261,14 +283,20 @@ void DynamicBatchScheduler::RunBatch(int device, Batch batch) {
   runnable.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     Job& job = *batch.jobs[i];
-    try {
-      job.output->resize(job.output_bytes);
-    } catch (const std::bad_alloc&) {
-      status[i] = absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", job.output_bytes, " bytes for the result"));
-      continue;
+    if (job.resident != nullptr) {
+      status[i] = job.resident->Bind(device, *engine, job.problem);
+      if (!status[i].ok()) continue;
     }
-    job.problem.d = job.output->data();
+    if (job.output != nullptr) {
+      try {
+        job.output->resize(job.output_bytes);
+      } catch (const std::bad_alloc&) {
+        status[i] = absl::ResourceExhaustedError(
+            absl::StrCat("cannot allocate ", job.output_bytes, " bytes for the result"));
+        continue;
+      }
+      job.problem.d = job.output->data();
+    }
     problems.push_back(job.problem);
     runnable.push_back(i);
   }
@@ -277,6 +305,10 @@ void DynamicBatchScheduler::RunBatch(int device, Batch batch) {
     std::vector<absl::Status> engine_status(problems.size());
     engine->Run(problems, absl::MakeSpan(engine_status));
     for (size_t r = 0; r < runnable.size(); ++r) status[runnable[r]] = std::move(engine_status[r]);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    Job& job = *batch.jobs[i];
+    if (job.resident != nullptr) status[i] = job.resident->Complete(status[i]);
   }
   const absl::Time end = absl::Now();
   // Metrics first: a caller that reads /metrics right after its answer sees

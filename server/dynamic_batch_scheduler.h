@@ -53,6 +53,14 @@ struct DeviceLoad {
 // to the lower index. -1 when none can take it.
 int PickDevice(absl::Span<const DeviceLoad> devices);
 
+// The device for a batch whose kept operands have `resident_bytes[i]`
+// bytes on device i: among healthy devices with a free lane, the one
+// holding the most of them; `fallback` (PickDevice's choice) when none
+// holds any. Operands missing on the chosen device are copied there on
+// demand (and stay, so the next batch finds them).
+int PickDeviceFor(absl::Span<const DeviceLoad> devices, absl::Span<const uint64_t> resident_bytes,
+                  int fallback);
+
 class DynamicBatchScheduler {
  public:
   struct Options {

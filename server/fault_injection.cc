@@ -17,6 +17,14 @@ class FailingEngine final : public Engine {
   uint64_t MaxProblemBytes() const override { return inner_->MaxProblemBytes(); }
   EngineStats Stats() const override { return inner_->Stats(); }
   bool Healthy() const override { return !failed_.load() && inner_->Healthy(); }
+  absl::StatusOr<std::unique_ptr<ResidentMatrix>> CreateResident(int64_t rows, int64_t cols,
+                                                                 DType dtype,
+                                                                 const void* host) override {
+    return inner_->CreateResident(rows, cols, dtype, host);
+  }
+  absl::Status ReadResident(const ResidentMatrix& matrix, void* host) override {
+    return inner_->ReadResident(matrix, host);
+  }
 
   void Run(absl::Span<const GemmProblem> problems, absl::Span<absl::Status> status) override {
     if (left_.fetch_sub(1) > 0 && !failed_.load()) {

@@ -15,6 +15,7 @@
 #define MATMUL_SERVER_JOB_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/functional/any_invocable.h"
@@ -54,6 +55,24 @@ inline BatchKey KeyOf(const GemmProblem& p) {
           p.input_type == DType::kFloat32 ? p.precision : Precision::kDefault};
 }
 
+// Matrices kept on the server that a job reads or writes (made by
+// MatrixStore). The scheduler places the job's batch near them and the
+// worker binds them to the device that runs it.
+class ResidentOperands {
+ public:
+  virtual ~ResidentOperands() = default;
+  // Bytes of the job's kept operands already on device `device`.
+  virtual uint64_t BytesOn(int device) const = 0;
+  // On the worker, just before `engine` (device `device`) runs the job:
+  // points `problem`'s resident operands at their copies on that device
+  // (copying them there first when needed) and makes room there for a
+  // kept result. An error fails the job.
+  virtual absl::Status Bind(int device, Engine& engine, GemmProblem& problem) = 0;
+  // After the engine ran with `status`: keeps the result when it is OK.
+  // Returns the job's final status.
+  virtual absl::Status Complete(const absl::Status& status) = 0;
+};
+
 struct Job {
   // Unique per scheduler; used to cancel. Set by the submitter from
   // DynamicBatchScheduler::NewJobId().
@@ -72,6 +91,9 @@ struct Job {
   absl::Time deadline = absl::InfiniteFuture();
   // Called exactly once when the job ends.
   absl::AnyInvocable<void(const JobOutcome&)> on_done;
+  // Kept operands or result, when the request uses any; `output` is null
+  // when the result is kept.
+  std::unique_ptr<ResidentOperands> resident;
 
   // Set by the queue when the job enters it.
   absl::Time enqueued = absl::InfinitePast();

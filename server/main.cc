@@ -68,6 +68,15 @@ ABSL_FLAG(int64_t, default_timeout_ms, 0,
 ABSL_FLAG(int64_t, priority_aging_ms, 100,
           "A queued job gains one priority level per this many ms of waiting, so low priorities "
           "still progress; 0 turns aging off.");
+ABSL_FLAG(int64_t, resident_bytes, int64_t{4} << 30,
+          "Most bytes of matrices kept on the server (PutMatrix, UploadMatrix, store_result), "
+          "each counted once; on a GPU each device also sets this much memory apart for them. 0 "
+          "turns keeping matrices off.");
+ABSL_FLAG(int64_t, resident_bytes_per_client, 0,
+          "Most bytes of kept matrices per client (token name, or peer address); 0 = no cap.");
+ABSL_FLAG(int64_t, resident_default_ttl_s, 3600,
+          "Lifetime of a kept matrix whose request names none, in seconds.");
+ABSL_FLAG(int64_t, resident_max_ttl_s, 86400, "Longest lifetime a request may ask for, in seconds.");
 ABSL_FLAG(int, max_stream_inflight, 128,
           "Most items of one MultiplyStream queued or running at once.");
 ABSL_FLAG(double, shutdown_grace_s, 30,
@@ -155,7 +164,11 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
         {"max_dim", absl::GetFlag(FLAGS_max_dim)},
         {"max_batch_size", absl::GetFlag(FLAGS_max_batch_size)},
         {"max_batch_bytes", absl::GetFlag(FLAGS_max_batch_bytes)},
-        {"queue_capacity", absl::GetFlag(FLAGS_queue_capacity)}}) {
+        {"queue_capacity", absl::GetFlag(FLAGS_queue_capacity)},
+        {"resident_bytes", absl::GetFlag(FLAGS_resident_bytes)},
+        {"resident_bytes_per_client", absl::GetFlag(FLAGS_resident_bytes_per_client)},
+        {"resident_default_ttl_s", absl::GetFlag(FLAGS_resident_default_ttl_s)},
+        {"resident_max_ttl_s", absl::GetFlag(FLAGS_resident_max_ttl_s)}}) {
     if (absl::Status s = non_negative(name, value); !s.ok()) return s;
   }
   config.queue.max_batch_size = static_cast<size_t>(absl::GetFlag(FLAGS_max_batch_size));
@@ -176,6 +189,14 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   config.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   config.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   config.max_inflight_per_client = absl::GetFlag(FLAGS_max_inflight_per_client);
+  config.resident.max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_resident_bytes));
+  config.resident.max_bytes_per_client =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_resident_bytes_per_client));
+  config.resident.default_ttl = absl::Seconds(absl::GetFlag(FLAGS_resident_default_ttl_s));
+  config.resident.max_ttl = absl::Seconds(absl::GetFlag(FLAGS_resident_max_ttl_s));
+  // Padding (rows rounded to 16 bytes) and on-demand copies need a little
+  // more device memory than the logical budget.
+  config.engine.gpu_resident_bytes = config.resident.max_bytes + config.resident.max_bytes / 8;
   return config;
 }
 
@@ -200,6 +221,13 @@ void LogStartup(const matmul::server::MatmulServer& server) {
             << " max_request_bytes=" << c.max_request_bytes
             << " max_response_bytes=" << c.limits.max_response_bytes
             << " default_timeout=" << c.default_timeout;
+  LOG(INFO) << "resident matrices: "
+            << (c.resident.max_bytes == 0
+                    ? std::string("off")
+                    : absl::StrCat("max_bytes=", c.resident.max_bytes,
+                                   " per_client=", c.resident.max_bytes_per_client,
+                                   " default_ttl=", absl::FormatDuration(c.resident.default_ttl),
+                                   " max_ttl=", absl::FormatDuration(c.resident.max_ttl)));
   LOG(INFO) << "serving gRPC on port " << server.port() << " (" << c.listen << ")"
             << (c.tls_cert_file.empty() ? ", plain text"
                                         : (c.tls_client_ca_file.empty() ? ", TLS" : ", mutual TLS"))

@@ -68,7 +68,7 @@ class MatmulServiceImpl::UnaryCall final : public grpc::ServerUnaryReactor {
     client_ = *std::move(client);
     service_->metrics_->AddInflight(1);
     const absl::Status status = service_->Submit(
-        *request, response, arrival_, service_->DeadlineFor(*context, arrival_), &job_id_,
+        client_, *request, response, arrival_, service_->DeadlineFor(*context, arrival_), &job_id_,
         [this](const JobOutcome& outcome) {
           if (outcome.status.ok()) FillTiming(outcome, arrival_, response_->mutable_timing());
           service_->metrics_->AddInflight(-1);
@@ -179,7 +179,7 @@ class MatmulServiceImpl::StreamCall final
       Item* raw = item.get();
       service_->metrics_->AddInflight(1);
       status = service_->Submit(
-          raw->request, &raw->response, raw->arrival,
+          client_, raw->request, &raw->response, raw->arrival,
           service_->DeadlineFor(*context_, raw->arrival), &raw->job_id,
           [this, raw](const JobOutcome& outcome) { OnJobDone(raw, outcome); });
       if (status.ok()) {
@@ -345,6 +345,191 @@ class MatmulServiceImpl::StreamCall final
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// One UploadMatrix: the first chunk's shape reserves the bytes, the chunks
+// are appended in order, and the half-close stores the matrix.
+class MatmulServiceImpl::UploadCall final : public grpc::ServerReadReactor<v1::UploadMatrixChunk> {
+ public:
+  UploadCall(MatmulServiceImpl* service, grpc::CallbackServerContext* context,
+             v1::MatrixHandle* response)
+      : service_(service), response_(response), arrival_(absl::Now()) {
+    service_->CallStarted();
+    absl::StatusOr<std::string> client = service_->StoreCaller(*context);
+    if (!client.ok()) {
+      End(client.status());
+      return;
+    }
+    client_ = *std::move(client);
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      End(Store());
+      return;
+    }
+    service_->metrics_->BytesReceived(chunk_.ByteSizeLong());
+    if (absl::Status s = Take(); !s.ok()) {
+      End(s);
+      return;
+    }
+    StartRead(&chunk_);
+  }
+
+  void OnDone() override {
+    MatmulServiceImpl* service = service_;
+    if (reserved_ > 0) service->options_.store->Release(client_, reserved_);
+    delete this;
+    service->CallEnded();
+  }
+
+ private:
+  // Checks and appends one chunk.
+  absl::Status Take() {
+    if (!started_) {
+      started_ = true;
+      v1::Matrix shape;
+      shape.set_rows(chunk_.rows());
+      shape.set_cols(chunk_.cols());
+      shape.set_dtype(chunk_.dtype());
+      absl::StatusOr<uint64_t> bytes = CheckStoredShape(shape, service_->options_.limits);
+      if (!bytes.ok()) return bytes.status();
+      absl::StatusOr<absl::Duration> ttl =
+          service_->options_.store->TtlFor(chunk_.ttl_seconds(), "ttl_seconds");
+      if (!ttl.ok()) return ttl.status();
+      ttl_ = *ttl;
+      rows_ = static_cast<int64_t>(chunk_.rows());
+      cols_ = static_cast<int64_t>(chunk_.cols());
+      dtype_ = *FromProto(chunk_.dtype());
+      if (absl::Status s = service_->options_.store->Reserve(client_, *bytes); !s.ok()) return s;
+      reserved_ = *bytes;
+      try {
+        data_.reserve(reserved_);
+      } catch (const std::bad_alloc&) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("cannot allocate ", reserved_, " bytes to receive the matrix"));
+      }
+    } else if ((chunk_.rows() != 0 && chunk_.rows() != static_cast<uint64_t>(rows_)) ||
+               (chunk_.cols() != 0 && chunk_.cols() != static_cast<uint64_t>(cols_))) {
+      return absl::InvalidArgumentError(
+          "rows, cols: a later chunk names another shape than the first");
+    }
+    if (data_.size() + chunk_.data().size() > reserved_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data: more than the ", reserved_, " bytes the shape declares (", data_.size(),
+          " received, then a chunk of ", chunk_.data().size(), ")"));
+    }
+    data_.append(chunk_.data());
+    return absl::OkStatus();
+  }
+
+  // The client half-closed: store what arrived.
+  absl::Status Store() {
+    if (!started_) return absl::InvalidArgumentError("rows: no chunk received; the first carries the shape");
+    if (data_.size() != reserved_) {
+      return absl::InvalidArgumentError(absl::StrCat("data: expected ", reserved_,
+                                                     " bytes in all, received ", data_.size()));
+    }
+    absl::StatusOr<v1::MatrixHandle> handle =
+        service_->options_.store->PutReserved(client_, rows_, cols_, dtype_, data_.data(), ttl_);
+    reserved_ = 0;  // Now the matrix's, or released on failure.
+    if (!handle.ok()) return handle.status();
+    *response_ = *std::move(handle);
+    return absl::OkStatus();
+  }
+
+  void End(const absl::Status& status) {
+    data_.clear();
+    data_.shrink_to_fit();
+    service_->Record("UploadMatrix", status, arrival_);
+    Finish(ToGrpcStatus(status));
+  }
+
+  MatmulServiceImpl* const service_;
+  v1::MatrixHandle* const response_;
+  const absl::Time arrival_;
+  std::string client_;
+  v1::UploadMatrixChunk chunk_;
+  bool started_ = false;
+  int64_t rows_ = 0, cols_ = 0;
+  DType dtype_ = DType::kFloat32;
+  absl::Duration ttl_;
+  // Bytes held in the store's budget until the matrix is stored.
+  uint64_t reserved_ = 0;
+  std::string data_;
+};
+
+// One GetMatrix: the kept matrix is read into host memory once and written
+// in chunks.
+class MatmulServiceImpl::DownloadCall final : public grpc::ServerWriteReactor<v1::MatrixChunk> {
+ public:
+  DownloadCall(MatmulServiceImpl* service, grpc::CallbackServerContext* context,
+               const v1::GetMatrixRequest* request)
+      : service_(service), arrival_(absl::Now()) {
+    service_->CallStarted();
+    absl::Status status = Load(*context, *request);
+    if (!status.ok()) {
+      End(status);
+      return;
+    }
+    NextWrite();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      End(absl::CancelledError("the client stopped reading"));
+      return;
+    }
+    if (offset_ >= data_.size()) {
+      service_->metrics_->ResidentDownloaded(data_.size());
+      End(absl::OkStatus());
+      return;
+    }
+    NextWrite();
+  }
+
+  void OnDone() override {
+    MatmulServiceImpl* service = service_;
+    delete this;
+    service->CallEnded();
+  }
+
+ private:
+  absl::Status Load(const grpc::CallbackServerContext& context, const v1::GetMatrixRequest& request) {
+    absl::StatusOr<std::string> client = service_->StoreCaller(context);
+    if (!client.ok()) return client.status();
+    absl::StatusOr<std::shared_ptr<StoredMatrix>> matrix =
+        service_->options_.store->Find(*client, request.id());
+    if (!matrix.ok()) return matrix.status();
+    constexpr uint64_t kDefaultChunk = 1 << 20, kMaxChunk = 64 << 20;
+    chunk_bytes_ = request.chunk_bytes() == 0 ? kDefaultChunk : std::min(request.chunk_bytes(), kMaxChunk);
+    handle_ = (*matrix)->Handle();
+    return service_->options_.store->Read(**matrix, &data_);
+  }
+
+  void NextWrite() {
+    chunk_.Clear();
+    if (offset_ == 0) *chunk_.mutable_handle() = handle_;
+    const size_t n = std::min<size_t>(chunk_bytes_, data_.size() - offset_);
+    chunk_.set_data(data_.substr(offset_, n));
+    offset_ += n;
+    service_->metrics_->BytesSent(chunk_.ByteSizeLong());
+    StartWrite(&chunk_);
+  }
+
+  void End(const absl::Status& status) {
+    service_->Record("GetMatrix", status, arrival_);
+    Finish(ToGrpcStatus(status));
+  }
+
+  MatmulServiceImpl* const service_;
+  const absl::Time arrival_;
+  v1::MatrixHandle handle_;
+  std::string data_;
+  size_t offset_ = 0;
+  uint64_t chunk_bytes_ = 0;
+  v1::MatrixChunk chunk_;
+};
+
 MatmulServiceImpl::MatmulServiceImpl(const Options& options, DynamicBatchScheduler* scheduler,
                                      Metrics* metrics, std::function<v1::ServerInfo()> info)
     : options_(options), scheduler_(scheduler), metrics_(metrics), info_(std::move(info)) {}
@@ -372,6 +557,96 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::GetServerInfo(grpc::CallbackServerC
   }
   *response = info_();
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+absl::StatusOr<std::string> MatmulServiceImpl::StoreCaller(
+    const grpc::CallbackServerContext& context) {
+  if (draining_.load()) return ShuttingDown();
+  absl::StatusOr<std::string> client = Identify(context);
+  if (!client.ok()) {
+    metrics_->Rejected(RejectReason::kUnauthenticated);
+    return client.status();
+  }
+  if (options_.store == nullptr) {
+    return absl::FailedPreconditionError(
+        "this server keeps no matrices (started with --resident_bytes=0)");
+  }
+  return client;
+}
+
+grpc::ServerUnaryReactor* MatmulServiceImpl::PutMatrix(grpc::CallbackServerContext* context,
+                                                       const v1::PutMatrixRequest* request,
+                                                       v1::MatrixHandle* response) {
+  const absl::Time arrival = absl::Now();
+  metrics_->BytesReceived(request->ByteSizeLong());
+  absl::Status status = [&]() -> absl::Status {
+    absl::StatusOr<std::string> client = StoreCaller(*context);
+    if (!client.ok()) return client.status();
+    if (!request->has_matrix()) return absl::InvalidArgumentError("matrix: required");
+    const v1::Matrix& m = request->matrix();
+    if (!m.handle().empty()) {
+      return absl::InvalidArgumentError("matrix.handle: must be empty; PutMatrix takes data");
+    }
+    absl::StatusOr<uint64_t> bytes = CheckStoredShape(m, options_.limits);
+    if (!bytes.ok()) return bytes.status();
+    if (m.data().size() != *bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("matrix.data: expected ", *bytes,
+                                                     " bytes, got ", m.data().size()));
+    }
+    absl::StatusOr<absl::Duration> ttl = options_.store->TtlFor(request->ttl_seconds(), "ttl_seconds");
+    if (!ttl.ok()) return ttl.status();
+    absl::StatusOr<v1::MatrixHandle> handle =
+        options_.store->Put(*client, static_cast<int64_t>(m.rows()), static_cast<int64_t>(m.cols()),
+                            *FromProto(m.dtype()), m.data().data(), *ttl);
+    if (!handle.ok()) return handle.status();
+    *response = *std::move(handle);
+    return absl::OkStatus();
+  }();
+  Record("PutMatrix", status, arrival);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerReadReactor<v1::UploadMatrixChunk>* MatmulServiceImpl::UploadMatrix(
+    grpc::CallbackServerContext* context, v1::MatrixHandle* response) {
+  return new UploadCall(this, context, response);
+}
+
+grpc::ServerWriteReactor<v1::MatrixChunk>* MatmulServiceImpl::GetMatrix(
+    grpc::CallbackServerContext* context, const v1::GetMatrixRequest* request) {
+  return new DownloadCall(this, context, request);
+}
+
+grpc::ServerUnaryReactor* MatmulServiceImpl::DeleteMatrix(grpc::CallbackServerContext* context,
+                                                          const v1::DeleteMatrixRequest* request,
+                                                          v1::DeleteMatrixResponse*) {
+  const absl::Time arrival = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    absl::StatusOr<std::string> client = StoreCaller(*context);
+    if (!client.ok()) return client.status();
+    return options_.store->Delete(*client, request->id());
+  }();
+  Record("DeleteMatrix", status, arrival);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* MatmulServiceImpl::ListMatrices(grpc::CallbackServerContext* context,
+                                                          const v1::ListMatricesRequest*,
+                                                          v1::ListMatricesResponse* response) {
+  const absl::Time arrival = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    absl::StatusOr<std::string> client = StoreCaller(*context);
+    if (!client.ok()) return client.status();
+    for (v1::MatrixHandle& h : options_.store->List(*client)) *response->add_matrices() = std::move(h);
+    return absl::OkStatus();
+  }();
+  Record("ListMatrices", status, arrival);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 
@@ -442,13 +717,52 @@ absl::Time MatmulServiceImpl::DeadlineFor(const grpc::CallbackServerContext& con
   return deadline;
 }
 
-absl::Status MatmulServiceImpl::Submit(const MultiplyRequest& request, MultiplyResponse* response,
-                                       absl::Time arrival, absl::Time deadline, uint64_t* job_id,
+absl::Status MatmulServiceImpl::Submit(const std::string& client, const MultiplyRequest& request,
+                                       MultiplyResponse* response, absl::Time arrival,
+                                       absl::Time deadline, uint64_t* job_id,
                                        absl::AnyInvocable<void(const JobOutcome&)> done) {
-  absl::StatusOr<ValidatedRequest> validated = ValidateMultiplyRequest(request, options_.limits);
+  MatrixStore* store = options_.store;
+  KeptMatrixLookup lookup;
+  if (store != nullptr) {
+    lookup = [store, &client](absl::string_view field,
+                              absl::string_view id) -> absl::StatusOr<KeptMatrix> {
+      absl::StatusOr<std::shared_ptr<StoredMatrix>> m = store->Find(client, id, field);
+      if (!m.ok()) return m.status();
+      KeptMatrix kept;
+      kept.rows = static_cast<uint64_t>((*m)->rows());
+      kept.cols = static_cast<uint64_t>((*m)->cols());
+      kept.dtype = (*m)->dtype();
+      kept.matrix = *std::move(m);
+      return kept;
+    };
+  }
+  absl::StatusOr<ValidatedRequest> validated =
+      ValidateMultiplyRequest(request, options_.limits, lookup);
   if (!validated.ok()) {
     metrics_->Rejected(ReasonFor(validated.status()));
     return validated.status();
+  }
+  std::unique_ptr<ResidentOperands> resident;
+  if (validated->a_kept || validated->b_kept || validated->c_kept || validated->keep_result) {
+    absl::Duration ttl;
+    if (validated->keep_result) {
+      absl::StatusOr<absl::Duration> t =
+          store->TtlFor(request.result_ttl_seconds(), "result_ttl_seconds");
+      if (!t.ok()) {
+        metrics_->Rejected(RejectReason::kInvalid);
+        return t.status();
+      }
+      ttl = *t;
+    }
+    absl::StatusOr<std::unique_ptr<ResidentOperands>> bound = store->Bind(
+        client, validated->a_kept, validated->b_kept, validated->c_kept, validated->keep_result,
+        validated->problem.m, validated->problem.n, validated->problem.output_type, ttl,
+        response->mutable_result_handle());
+    if (!bound.ok()) {
+      metrics_->Rejected(ReasonFor(bound.status()));
+      return bound.status();
+    }
+    resident = *std::move(bound);
   }
   response->set_request_id(request.request_id());
   v1::Matrix* c = response->mutable_c();
@@ -460,8 +774,9 @@ absl::Status MatmulServiceImpl::Submit(const MultiplyRequest& request, MultiplyR
   job->id = scheduler_->NewJobId();
   *job_id = job->id;
   job->problem = validated->problem;
-  job->output = c->mutable_data();
-  job->output_bytes = validated->output_bytes;
+  job->output = validated->keep_result ? nullptr : c->mutable_data();
+  job->output_bytes = validated->keep_result ? 0 : validated->output_bytes;
+  job->resident = std::move(resident);
   job->priority = request.priority();
   job->arrival = arrival;
   job->deadline = deadline;

@@ -21,6 +21,7 @@
 #include "matmul/v1/matmul.grpc.pb.h"
 #include "server/auth.h"
 #include "server/dynamic_batch_scheduler.h"
+#include "server/matrix_store.h"
 #include "server/metrics.h"
 #include "server/request_validation.h"
 
@@ -41,6 +42,9 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
     // Most requests one client (token name, or peer address without
     // authentication) may have queued or running; 0 means no limit.
     int max_inflight_per_client = 0;
+    // Matrices kept between requests (PutMatrix, handles, store_result);
+    // null: those calls are refused. Must outlive the service.
+    MatrixStore* store = nullptr;
   };
 
   // `scheduler` and `metrics` must outlive the service; `info` builds the
@@ -56,6 +60,19 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::ServerInfo* response) override;
+  grpc::ServerUnaryReactor* PutMatrix(grpc::CallbackServerContext* context,
+                                      const v1::PutMatrixRequest* request,
+                                      v1::MatrixHandle* response) override;
+  grpc::ServerReadReactor<v1::UploadMatrixChunk>* UploadMatrix(
+      grpc::CallbackServerContext* context, v1::MatrixHandle* response) override;
+  grpc::ServerWriteReactor<v1::MatrixChunk>* GetMatrix(grpc::CallbackServerContext* context,
+                                                       const v1::GetMatrixRequest* request) override;
+  grpc::ServerUnaryReactor* DeleteMatrix(grpc::CallbackServerContext* context,
+                                         const v1::DeleteMatrixRequest* request,
+                                         v1::DeleteMatrixResponse* response) override;
+  grpc::ServerUnaryReactor* ListMatrices(grpc::CallbackServerContext* context,
+                                         const v1::ListMatricesRequest* request,
+                                         v1::ListMatricesResponse* response) override;
 
   // New calls and new stream items get UNAVAILABLE; open streams end once
   // their accepted items are answered.
@@ -68,13 +85,19 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
  private:
   class UnaryCall;
   class StreamCall;
+  class UploadCall;
+  class DownloadCall;
+
+  // Who the call is from, or why it may not use the store now (draining,
+  // unauthenticated, no store).
+  absl::StatusOr<std::string> StoreCaller(const grpc::CallbackServerContext& context);
 
   // Validates `request`, prepares `response` and submits a job that calls
   // `done` when it ends. On error nothing was submitted and `done` will not
   // run. `*job_id` is set before submission.
-  absl::Status Submit(const v1::MultiplyRequest& request, v1::MultiplyResponse* response,
-                      absl::Time arrival, absl::Time deadline, uint64_t* job_id,
-                      absl::AnyInvocable<void(const JobOutcome&)> done);
+  absl::Status Submit(const std::string& client, const v1::MultiplyRequest& request,
+                      v1::MultiplyResponse* response, absl::Time arrival, absl::Time deadline,
+                      uint64_t* job_id, absl::AnyInvocable<void(const JobOutcome&)> done);
   // The earlier of the call's own deadline and arrival + default timeout.
   absl::Time DeadlineFor(const grpc::CallbackServerContext& context, absl::Time arrival) const;
   // Counts a call or item that ended with `status` after arriving at `arrival`.

@@ -102,7 +102,13 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry,
                       .Name("matmul_batches_total")
                       .Help("Batches run, by device.")
                       .Register(*registry_);
+  auto& resident_bytes = prometheus::BuildGauge()
+                             .Name("matmul_resident_bytes")
+                             .Help("Bytes of matrices kept on the server (PutMatrix, UploadMatrix, "
+                                   "store_result), by device holding them.")
+                             .Register(*registry_);
   for (const std::string& id : device_ids_) {
+    resident_bytes_.push_back(&resident_bytes.Add({{"device", id}}));
     compute_duration_.push_back(&compute.Add({{"device", id}}, LatencyBuckets()));
     device_busy_.push_back(&busy.Add({{"device", id}}));
     device_healthy_.push_back(&healthy.Add({{"device", id}}));
@@ -132,6 +138,21 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry,
                       .Help("Jobs waiting in the queue.")
                       .Register(*registry_)
                       .Add({});
+  resident_matrices_ = &prometheus::BuildGauge()
+                            .Name("matmul_resident_matrices")
+                            .Help("Matrices kept on the server.")
+                            .Register(*registry_)
+                            .Add({});
+  resident_stored_ = &prometheus::BuildCounter()
+                          .Name("matmul_resident_stored_bytes_total")
+                          .Help("Bytes of matrices stored (uploads and kept results).")
+                          .Register(*registry_)
+                          .Add({});
+  resident_downloaded_ = &prometheus::BuildCounter()
+                              .Name("matmul_resident_downloaded_bytes_total")
+                              .Help("Bytes of kept matrices downloaded with GetMatrix.")
+                              .Register(*registry_)
+                              .Add({});
   queue_capacity_ = &prometheus::BuildGauge()
                          .Name("matmul_queue_capacity")
                          .Help("Most jobs the queue holds (--queue_capacity).")

@@ -69,6 +69,18 @@ class Metrics {
   // Device memory held by running batches, and the engine's pool size.
   void SetDeviceMemory(int device, uint64_t in_use, uint64_t capacity);
 
+  // Matrices kept on the server: bytes held on device `device` (copies
+  // included, padding included), matrices kept, bytes stored (PutMatrix,
+  // UploadMatrix, store_result) and downloaded (GetMatrix).
+  void AddResidentBytes(int device, int64_t delta) {
+    resident_bytes_[device]->Increment(static_cast<double>(delta));
+  }
+  void AddResidentMatrices(int delta) { resident_matrices_->Increment(delta); }
+  void ResidentStored(uint64_t bytes) { resident_stored_->Increment(static_cast<double>(bytes)); }
+  void ResidentDownloaded(uint64_t bytes) {
+    resident_downloaded_->Increment(static_cast<double>(bytes));
+  }
+
   // Bucket boundaries of the latency histograms: 50 us to 30 s.
   static const prometheus::Histogram::BucketBoundaries& LatencyBuckets();
 
@@ -102,6 +114,11 @@ class Metrics {
   std::vector<prometheus::Counter*> rejected_;  // Indexed by RejectReason.
   prometheus::Counter* bytes_received_;
   prometheus::Counter* bytes_sent_;
+  // Resident matrices.
+  std::vector<prometheus::Gauge*> resident_bytes_;
+  prometheus::Gauge* resident_matrices_;
+  prometheus::Counter* resident_stored_;
+  prometheus::Counter* resident_downloaded_;
 };
 
 }  // namespace matmul::server

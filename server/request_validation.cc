@@ -16,10 +16,72 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
-// Checks one matrix's dtype, shape and payload size. `field` is its name in
-// the request ("a", "b", "c").
+// One operand once checked: its shape and dtype, and the kept matrix when
+// it was given by handle.
+struct Operand {
+  uint64_t rows = 0;
+  uint64_t cols = 0;
+  DType dtype = DType::kFloat32;
+  std::shared_ptr<StoredMatrix> kept;
+  bool by_handle = false;
+};
+
+struct Shape {
+  DType dtype;
+  uint64_t bytes;
+};
 absl::StatusOr<DType> CheckMatrix(const Matrix& x, absl::string_view field,
-                                  const RequestLimits& limits) {
+                                  const RequestLimits& limits);
+
+// An operand given by handle: the kept matrix must exist, and any shape or
+// dtype the request states must be the kept one's.
+absl::StatusOr<Operand> CheckHandle(const Matrix& x, absl::string_view field,
+                                    const KeptMatrixLookup& lookup) {
+  if (!lookup) {
+    return Invalid(absl::StrCat(field, ".handle"),
+                   "this server keeps no matrices (--resident_bytes=0); send the data inline");
+  }
+  if (!x.data().empty()) {
+    return Invalid(absl::StrCat(field, ".data"),
+                   absl::StrCat("must be empty when ", field, ".handle is set, got ",
+                                x.data().size(), " bytes"));
+  }
+  absl::StatusOr<KeptMatrix> kept = lookup(absl::StrCat(field, ".handle"), x.handle());
+  if (!kept.ok()) return kept.status();
+  if ((x.rows() != 0 && x.rows() != kept->rows) || (x.cols() != 0 && x.cols() != kept->cols)) {
+    return Invalid(field, absl::StrFormat("handle %s holds a %d x %d matrix, the request says %d x %d",
+                                          x.handle(), kept->rows, kept->cols, x.rows(), x.cols()));
+  }
+  if (x.dtype() != v1::DTYPE_UNSPECIFIED && FromProto(x.dtype()) != kept->dtype) {
+    return Invalid(absl::StrCat(field, ".dtype"),
+                   absl::StrCat("handle ", x.handle(), " holds ", ProtoDTypeName(ToProto(kept->dtype)),
+                                ", the request says ", ProtoDTypeName(x.dtype())));
+  }
+  Operand o;
+  o.rows = kept->rows;
+  o.cols = kept->cols;
+  o.dtype = kept->dtype;
+  o.kept = std::move(kept->matrix);
+  o.by_handle = true;
+  return o;
+}
+
+absl::StatusOr<Operand> CheckOperand(const Matrix& x, absl::string_view field,
+                                     const RequestLimits& limits, const KeptMatrixLookup& lookup) {
+  if (!x.handle().empty()) return CheckHandle(x, field, lookup);
+  absl::StatusOr<DType> type = CheckMatrix(x, field, limits);
+  if (!type.ok()) return type.status();
+  Operand o;
+  o.rows = x.rows();
+  o.cols = x.cols();
+  o.dtype = *type;
+  return o;
+}
+
+// Checks one matrix's dtype and shape (not its data); `field` is its name
+// in the request ("a", "b", "c", "matrix").
+absl::StatusOr<Shape> CheckShape(const Matrix& x, absl::string_view field,
+                                 const RequestLimits& limits) {
   if (x.dtype() == v1::DTYPE_UNSPECIFIED) {
     return Invalid(absl::StrCat(field, ".dtype"), absl::StrCat("must be one of ", kDTypeChoices));
   }
@@ -44,15 +106,29 @@ absl::StatusOr<DType> CheckMatrix(const Matrix& x, absl::string_view field,
     return Invalid(field, absl::StrCat(x.rows(), " x ", x.cols(), " ", DTypeName(*type),
                                        " overflows 64-bit sizes"));
   }
-  if (x.data().size() != bytes) {
+  return Shape{*type, bytes};
+}
+
+// Checks one inline matrix's dtype, shape and payload size.
+absl::StatusOr<DType> CheckMatrix(const Matrix& x, absl::string_view field,
+                                  const RequestLimits& limits) {
+  absl::StatusOr<Shape> shape = CheckShape(x, field, limits);
+  if (!shape.ok()) return shape.status();
+  if (x.data().size() != shape->bytes) {
     return Invalid(absl::StrCat(field, ".data"),
-                   absl::StrFormat("expected %d bytes (%d x %d %s), got %d", bytes, x.rows(),
-                                   x.cols(), DTypeName(*type), x.data().size()));
+                   absl::StrFormat("expected %d bytes (%d x %d %s), got %d", shape->bytes, x.rows(),
+                                   x.cols(), DTypeName(shape->dtype), x.data().size()));
   }
-  return *type;
+  return shape->dtype;
 }
 
 }  // namespace
+
+absl::StatusOr<uint64_t> CheckStoredShape(const v1::Matrix& shape, const RequestLimits& limits) {
+  absl::StatusOr<Shape> checked = CheckShape(shape, "matrix", limits);
+  if (!checked.ok()) return checked.status();
+  return checked->bytes;
+}
 
 std::optional<DType> FromProto(v1::DType type) {
   switch (type) {
@@ -80,28 +156,27 @@ std::string ProtoDTypeName(int type) {
 }
 
 absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& request,
-                                                          const RequestLimits& limits) {
+                                                          const RequestLimits& limits,
+                                                          const KeptMatrixLookup& lookup) {
   if (!request.has_a()) return Invalid("a", "required");
   if (!request.has_b()) return Invalid("b", "required");
-  absl::StatusOr<DType> a_type = CheckMatrix(request.a(), "a", limits);
-  if (!a_type.ok()) return a_type.status();
-  absl::StatusOr<DType> b_type = CheckMatrix(request.b(), "b", limits);
-  if (!b_type.ok()) return b_type.status();
-  if (*a_type != *b_type) {
-    return Invalid("b.dtype", absl::StrCat("must match a.dtype (", ProtoDTypeName(request.a().dtype()),
-                                           "), got ", ProtoDTypeName(request.b().dtype())));
+  absl::StatusOr<Operand> a = CheckOperand(request.a(), "a", limits, lookup);
+  if (!a.ok()) return a.status();
+  absl::StatusOr<Operand> b = CheckOperand(request.b(), "b", limits, lookup);
+  if (!b.ok()) return b.status();
+  if (a->dtype != b->dtype) {
+    return Invalid("b.dtype", absl::StrCat("must match a.dtype (", ProtoDTypeName(ToProto(a->dtype)),
+                                           "), got ", ProtoDTypeName(ToProto(b->dtype))));
   }
 
   GemmProblem p;
-  p.input_type = *a_type;
+  p.input_type = a->dtype;
   p.transpose_a = request.transpose_a();
   p.transpose_b = request.transpose_b();
-  const Matrix& a = request.a();
-  const Matrix& b = request.b();
-  p.m = static_cast<int64_t>(p.transpose_a ? a.cols() : a.rows());
-  p.k = static_cast<int64_t>(p.transpose_a ? a.rows() : a.cols());
-  const int64_t kb = static_cast<int64_t>(p.transpose_b ? b.cols() : b.rows());
-  p.n = static_cast<int64_t>(p.transpose_b ? b.rows() : b.cols());
+  p.m = static_cast<int64_t>(p.transpose_a ? a->cols : a->rows);
+  p.k = static_cast<int64_t>(p.transpose_a ? a->rows : a->cols);
+  const int64_t kb = static_cast<int64_t>(p.transpose_b ? b->cols : b->rows);
+  p.n = static_cast<int64_t>(p.transpose_b ? b->rows : b->cols);
   if (p.k != kb) {
     return Invalid(p.transpose_b ? "b.cols" : "b.rows",
                    absl::StrFormat("inner dimensions differ: op(a) is %d x %d (transpose_a=%s) "
@@ -121,11 +196,11 @@ absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& 
     }
     if (!IsSupportedOutput(p.input_type, *out)) {
       const bool narrow = p.input_type == DType::kFloat16 || p.input_type == DType::kBFloat16;
+      const std::string in_name = ProtoDTypeName(ToProto(p.input_type));
       return Invalid("output_dtype",
                      absl::StrCat(ProtoDTypeName(request.output_dtype()), " is not available for ",
-                                  ProtoDTypeName(a.dtype()), " inputs; expected ",
-                                  narrow ? "DTYPE_FLOAT16, DTYPE_BFLOAT16, DTYPE_FLOAT32"
-                                         : ProtoDTypeName(a.dtype()),
+                                  in_name, " inputs; expected ",
+                                  narrow ? "DTYPE_FLOAT16, DTYPE_BFLOAT16, DTYPE_FLOAT32" : in_name,
                                   " or DTYPE_UNSPECIFIED"));
     }
     p.output_type = *out;
@@ -139,32 +214,55 @@ absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& 
   p.alpha = request.has_alpha() ? request.alpha() : 1.0;
   p.beta = request.has_beta() ? request.beta() : 0.0;
 
+  ValidatedRequest v;
   if (request.has_c()) {
-    absl::StatusOr<DType> c_type = CheckMatrix(request.c(), "c", limits);
-    if (!c_type.ok()) return c_type.status();
-    if (*c_type != p.output_type) {
+    absl::StatusOr<Operand> c = CheckOperand(request.c(), "c", limits, lookup);
+    if (!c.ok()) return c.status();
+    if (c->dtype != p.output_type) {
       return Invalid("c.dtype", absl::StrCat("must be the output dtype (",
                                              ProtoDTypeName(ToProto(p.output_type)), "), got ",
-                                             ProtoDTypeName(request.c().dtype())));
+                                             ProtoDTypeName(ToProto(c->dtype))));
     }
-    if (request.c().rows() != static_cast<uint64_t>(p.m) ||
-        request.c().cols() != static_cast<uint64_t>(p.n)) {
+    if (c->rows != static_cast<uint64_t>(p.m) || c->cols != static_cast<uint64_t>(p.n)) {
       return Invalid("c", absl::StrFormat("must be %d x %d (the shape of op(a) * op(b)), got %d x %d",
-                                          p.m, p.n, request.c().rows(), request.c().cols()));
+                                          p.m, p.n, c->rows, c->cols));
     }
-    p.c = request.c().data().data();
+    if (p.beta != 0.0) {
+      if (c->by_handle) {
+        p.resident |= kResidentC;
+        v.c_kept = std::move(c->kept);
+      } else {
+        p.c = request.c().data().data();
+      }
+    }
   } else if (p.beta != 0.0) {
     return Invalid("c", absl::StrCat("required when beta is non-zero (beta = ", p.beta, ")"));
   }
   if (p.beta == 0.0) p.c = nullptr;
 
-  p.a = a.data().data();
-  p.b = b.data().data();
+  if (a->by_handle) {
+    p.resident |= kResidentA;
+    v.a_kept = std::move(a->kept);
+  } else {
+    p.a = request.a().data().data();
+  }
+  if (b->by_handle) {
+    p.resident |= kResidentB;
+    v.b_kept = std::move(b->kept);
+  } else {
+    p.b = request.b().data().data();
+  }
+  if (request.store_result()) {
+    if (!lookup) {
+      return Invalid("store_result", "this server keeps no matrices (--resident_bytes=0)");
+    }
+    p.resident |= kResidentD;
+    v.keep_result = true;
+  }
 
-  ValidatedRequest v;
   v.output_bytes = static_cast<uint64_t>(p.m) * static_cast<uint64_t>(p.n) *
                    ElementSize(p.output_type);
-  if (v.output_bytes > limits.max_response_bytes) {
+  if (!v.keep_result && v.output_bytes > limits.max_response_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("result of %d x %d %s is %d bytes, over the server's "
                         "max_response_bytes of %d",

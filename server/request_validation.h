@@ -11,6 +11,8 @@
 #define MATMUL_SERVER_REQUEST_VALIDATION_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -30,18 +32,47 @@ struct RequestLimits {
   uint64_t max_problem_bytes = 0;
 };
 
+class StoredMatrix;
+
+// A kept matrix named by an operand's handle, as a lookup found it.
+struct KeptMatrix {
+  uint64_t rows = 0;
+  uint64_t cols = 0;
+  DType dtype = DType::kFloat32;
+  // The matrix itself (null in tests that only check shapes).
+  std::shared_ptr<StoredMatrix> matrix;
+};
+
+// Finds the kept matrix `id` for operand `field` ("a.handle", ...):
+// NOT_FOUND (naming the id) when there is none for this caller.
+using KeptMatrixLookup =
+    std::function<absl::StatusOr<KeptMatrix>(absl::string_view field, absl::string_view id)>;
+
 struct ValidatedRequest {
   // Pointers into the request's bytes; d is left null for the caller.
+  // Operands given by handle have their kResident* bit set and no pointer.
   GemmProblem problem;
   // Bytes of the result D.
   uint64_t output_bytes = 0;
+  // Operands given by handle (null for inline ones).
+  std::shared_ptr<StoredMatrix> a_kept, b_kept, c_kept;
+  // The result is to be kept on the server (store_result).
+  bool keep_result = false;
 };
 
 // INVALID_ARGUMENT for malformed requests (message names the field and what
 // was expected); RESOURCE_EXHAUSTED for well-formed ones too big to ever run
-// here (message gives the sizes).
+// here (message gives the sizes); NOT_FOUND for an unknown handle. Without
+// `lookup`, operands given by handle are INVALID_ARGUMENT (this server
+// keeps no matrices).
 absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const v1::MultiplyRequest& request,
-                                                          const RequestLimits& limits);
+                                                          const RequestLimits& limits,
+                                                          const KeptMatrixLookup& lookup = nullptr);
+
+// Checks the shape and dtype of a matrix to keep (PutMatrix, the first
+// UploadMatrix chunk) and returns its size in bytes; INVALID_ARGUMENT
+// naming the field otherwise. The data is not looked at.
+absl::StatusOr<uint64_t> CheckStoredShape(const v1::Matrix& shape, const RequestLimits& limits);
 
 // Maps between wire and engine types. std::nullopt for DTYPE_UNSPECIFIED or
 // values this build does not know.

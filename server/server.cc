@@ -90,6 +90,15 @@ absl::Status MatmulServer::Start() {
                               stats.memory_capacity_bytes);
   }
 
+  if (config_.resident.max_bytes > 0) {
+    MatrixStore::Options store_options = config_.resident;
+    store_options.enforce_owner = !config_.auth_tokens_file.empty();
+    absl::StatusOr<std::unique_ptr<MatrixStore>> store =
+        MatrixStore::Create(store_options, engines, metrics_.get());
+    if (!store.ok()) return store.status();
+    store_ = *std::move(store);
+  }
+
   DynamicBatchScheduler::Options scheduler_options;
   scheduler_options.queue = config_.queue;
   scheduler_options.lanes_per_device = config_.lanes_per_device;
@@ -124,6 +133,7 @@ absl::Status MatmulServer::Start() {
   service_options.max_stream_inflight = config_.max_stream_inflight;
   service_options.auth = auth_.get();
   service_options.max_inflight_per_client = config_.max_inflight_per_client;
+  service_options.store = store_.get();
   service_ = std::make_unique<MatmulServiceImpl>(service_options, scheduler_.get(), metrics_.get(),
                                                  [this] { return Info(); });
 
@@ -219,6 +229,13 @@ v1::ServerInfo MatmulServer::Info() const {
   batching->set_queue_capacity(static_cast<uint32_t>(config_.queue.capacity));
   batching->set_default_timeout_ms(absl::ToInt64Milliseconds(config_.default_timeout));
   batching->set_priority_aging_ms(absl::ToInt64Milliseconds(config_.queue.priority_aging));
+  if (store_ != nullptr) {
+    v1::ResidentSettings* resident = info.mutable_resident();
+    resident->set_max_bytes(config_.resident.max_bytes);
+    resident->set_max_bytes_per_client(config_.resident.max_bytes_per_client);
+    resident->set_default_ttl_seconds(absl::ToInt64Seconds(config_.resident.default_ttl));
+    resident->set_max_ttl_seconds(absl::ToInt64Seconds(config_.resident.max_ttl));
+  }
   return info;
 }
 

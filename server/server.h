@@ -22,6 +22,7 @@
 #include "server/auth.h"
 #include "server/dynamic_batch_scheduler.h"
 #include "server/matmul_service.h"
+#include "server/matrix_store.h"
 #include "server/metrics.h"
 #include "server/metrics_endpoint.h"
 
@@ -60,6 +61,10 @@ struct ServerConfig {
   std::string auth_tokens_file;
   // Requests one client may have in flight; 0 means no limit.
   int max_inflight_per_client = 0;
+  // Matrices kept between requests (see matrix_store.h). max_bytes 0 turns
+  // PutMatrix, handles and store_result off. enforce_owner follows
+  // auth_tokens_file.
+  MatrixStore::Options resident;
 };
 
 class MatmulServer {
@@ -103,6 +108,8 @@ class MatmulServer {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<TokenAuthenticator> auth_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
+  // Declared before the scheduler: it outlives the jobs that use it.
+  std::unique_ptr<MatrixStore> store_;
   std::unique_ptr<DynamicBatchScheduler> scheduler_;
   std::unique_ptr<MatmulServiceImpl> service_;
   std::unique_ptr<grpc::Server> grpc_server_;

@@ -73,7 +73,8 @@ absl::StatusOr<std::unique_ptr<Engine>> CpuEngine::Create(const CpuEngineOptions
 }
 
 void CpuEngine::Run(absl::Span<const GemmProblem> problems, absl::Span<absl::Status> status) {
-  for (size_t i = 0; i < problems.size(); ++i) status[i] = RunOne(problems[i]);
+  // Resident matrices of this engine live in host memory: use them in place.
+  for (size_t i = 0; i < problems.size(); ++i) status[i] = RunOne(ResolveHostResident(problems[i]));
 }
 
 absl::Status CpuEngine::RunOne(const GemmProblem& p) {

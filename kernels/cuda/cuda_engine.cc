@@ -57,7 +57,9 @@ int64_t PaddedLd(int64_t cols, DType t) {
 
 // Where one problem's padded operands sit in a chunk.
 struct Placement {
-  size_t a = 0, b = 0, d = 0;      // Offsets: a, b in the upload region, d in the result region.
+  // Offsets: a, b (and c: C staged for a resident D) in the upload region,
+  // d in the result region. Unused for resident operands.
+  size_t a = 0, b = 0, c = 0, d = 0;
   int64_t lda = 0, ldb = 0, ldd = 0;
   int64_t a_rows = 0, a_cols = 0, b_rows = 0, b_cols = 0;
 };
@@ -69,15 +71,45 @@ struct Context {
   size_t pinned_bytes = 0;
 };
 
+// A resident matrix in device memory, rows padded to 16 bytes (what the
+// TMA path needs), from the engine's resident pool.
+class CudaResidentMatrix final : public ResidentMatrix {
+ public:
+  CudaResidentMatrix(int64_t rows, int64_t cols, DType dtype, int64_t ld, void* data,
+                     uint64_t footprint, std::shared_ptr<cuda::DevicePool> pool)
+      : ResidentMatrix(rows, cols, dtype),
+        ld_(ld),
+        data_(data),
+        footprint_(footprint),
+        pool_(std::move(pool)) {}
+  ~CudaResidentMatrix() override { pool_->Free(data_); }
+  uint64_t footprint() const override { return footprint_; }
+  // Leading dimension in elements.
+  int64_t ld() const { return ld_; }
+  void* data() const { return data_; }
+
+ private:
+  const int64_t ld_;
+  void* const data_;
+  const uint64_t footprint_;
+  // Keeps the pool alive as long as any matrix in it.
+  const std::shared_ptr<cuda::DevicePool> pool_;
+};
+
+const CudaResidentMatrix* AsCuda(const ResidentMatrix* r) {
+  return static_cast<const CudaResidentMatrix*>(r);
+}
+
 class CudaEngine final : public Engine {
  public:
   CudaEngine(int ordinal, DeviceDescription device, std::unique_ptr<GroupedGemmLauncher> launcher,
-             std::unique_ptr<cuda::DevicePool> pool, KernelFamily family,
-             std::map<DType, bool> hopper_ok)
+             std::unique_ptr<cuda::DevicePool> pool, std::shared_ptr<cuda::DevicePool> resident_pool,
+             KernelFamily family, std::map<DType, bool> hopper_ok)
       : ordinal_(ordinal),
         device_(std::move(device)),
         launcher_(std::move(launcher)),
         pool_(std::move(pool)),
+        resident_pool_(std::move(resident_pool)),
         family_(family),
         hopper_ok_(std::move(hopper_ok)) {}
 
@@ -101,7 +133,50 @@ class CudaEngine final : public Engine {
   bool Healthy() const override { return healthy_.load(); }
   uint64_t MaxProblemBytes() const override { return pool_->capacity() / 2; }
   EngineStats Stats() const override {
-    return {.memory_in_use_bytes = pool_->in_use(), .memory_capacity_bytes = pool_->capacity()};
+    const uint64_t resident_in_use = resident_pool_ ? resident_pool_->in_use() : 0;
+    const uint64_t resident_capacity = resident_pool_ ? resident_pool_->capacity() : 0;
+    return {.memory_in_use_bytes = pool_->in_use() + resident_in_use,
+            .memory_capacity_bytes = pool_->capacity() + resident_capacity};
+  }
+
+  absl::StatusOr<std::unique_ptr<ResidentMatrix>> CreateResident(int64_t rows, int64_t cols,
+                                                                 DType dtype,
+                                                                 const void* host) override {
+    if (!healthy_.load()) return absl::UnavailableError(absl::StrCat(device_.id, " is unhealthy"));
+    if (resident_pool_ == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(device_.id, " keeps no resident matrices (no resident memory reserved)"));
+    }
+    const int64_t ld = PaddedLd(cols, dtype);
+    const size_t size = ElementSize(dtype);
+    const uint64_t footprint = AlignUp(static_cast<size_t>(rows) * ld * size);
+    absl::StatusOr<void*> memory = resident_pool_->TryAllocate(footprint);
+    if (!memory.ok()) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s: no room for a %d x %d %s resident matrix (%d bytes): %d of %d resident bytes in "
+          "use",
+          device_.id, rows, cols, DTypeName(dtype), footprint, resident_pool_->in_use(),
+          resident_pool_->capacity()));
+    }
+    auto matrix = std::make_unique<CudaResidentMatrix>(rows, cols, dtype, ld, *memory, footprint,
+                                                       resident_pool_);
+    if (host != nullptr) {
+      cudaSetDevice(ordinal_);
+      const cudaError_t e = cudaMemcpy2D(*memory, ld * size, host, cols * size, cols * size, rows,
+                                         cudaMemcpyHostToDevice);
+      if (e != cudaSuccess) return Failed(e, "copying a resident matrix to the device");
+    }
+    return matrix;
+  }
+
+  absl::Status ReadResident(const ResidentMatrix& matrix, void* host) override {
+    const CudaResidentMatrix* m = AsCuda(&matrix);
+    const size_t size = ElementSize(m->dtype());
+    cudaSetDevice(ordinal_);
+    const cudaError_t e = cudaMemcpy2D(host, m->cols() * size, m->data(), m->ld() * size,
+                                       m->cols() * size, m->rows(), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) return Failed(e, "copying a resident matrix from the device");
+    return absl::OkStatus();
   }
 
   void Run(absl::Span<const GemmProblem> problems, absl::Span<absl::Status> status) override {
@@ -164,6 +239,12 @@ class CudaEngine final : public Engine {
     return AlignUp(static_cast<size_t>(rows) * ld * ElementSize(t));
   }
 
+  // An inline C for a result kept on the device: staged in the upload
+  // region, then copied into the resident D.
+  static bool StagesCIntoResidentD(const GemmProblem& p) {
+    return p.d_resident != nullptr && p.beta != 0.0 && p.c_resident == nullptr;
+  }
+
   void Fail(absl::Span<absl::Status> status, const std::vector<size_t>& which,
             const absl::Status& s) {
     for (size_t i : which) status[i] = s;
@@ -193,9 +274,13 @@ class CudaEngine final : public Engine {
     for (size_t i : members) {
       const GemmProblem& p = problems[i];
       const Placement pl = Place(p);
-      // Operands, result, and room for TF32's re-laid-out copies.
-      size_t bytes = Bytes(pl.a_rows, pl.lda, p.input_type) + Bytes(pl.b_rows, pl.ldb, p.input_type) +
-                     Bytes(p.m, pl.ldd, p.output_type) + 4096;
+      // Staged operands, result, and room for TF32's re-laid-out copies.
+      size_t bytes = 4096;
+      if (p.a_resident == nullptr) bytes += Bytes(pl.a_rows, pl.lda, p.input_type);
+      if (p.b_resident == nullptr) bytes += Bytes(pl.b_rows, pl.ldb, p.input_type);
+      if (p.d_resident == nullptr || (p.beta != 0.0 && p.c_resident == nullptr)) {
+        bytes += Bytes(p.m, pl.ldd, p.output_type);
+      }
       if (p.input_type == DType::kFloat32) bytes *= 2;
       if (bytes > pool_->capacity()) {
         status[i] = absl::ResourceExhaustedError(absl::StrFormat(
@@ -230,17 +315,24 @@ class CudaEngine final : public Engine {
       const GemmProblem& p = problems[i];
       Placement pl = Place(p);
       pl.a = upload;
-      upload += Bytes(pl.a_rows, pl.lda, p.input_type);
+      if (p.a_resident == nullptr) upload += Bytes(pl.a_rows, pl.lda, p.input_type);
       placements.push_back(pl);
     }
     for (size_t j = 0; j < chunk.size(); ++j) {
+      const GemmProblem& p = problems[chunk[j]];
       placements[j].b = upload;
-      upload += Bytes(placements[j].b_rows, placements[j].ldb, problems[chunk[j]].input_type);
+      if (p.b_resident == nullptr) upload += Bytes(placements[j].b_rows, placements[j].ldb, p.input_type);
+    }
+    for (size_t j = 0; j < chunk.size(); ++j) {
+      const GemmProblem& p = problems[chunk[j]];
+      placements[j].c = upload;
+      if (StagesCIntoResidentD(p)) upload += Bytes(p.m, placements[j].ldd, p.output_type);
     }
     size_t result = 0;
     for (size_t j = 0; j < chunk.size(); ++j) {
+      const GemmProblem& p = problems[chunk[j]];
       placements[j].d = result;
-      result += Bytes(problems[chunk[j]].m, placements[j].ldd, problems[chunk[j]].output_type);
+      if (p.d_resident == nullptr) result += Bytes(p.m, placements[j].ldd, p.output_type);
     }
     // Device problems point into the chunk once its base is known.
     std::vector<DeviceGemmProblem> device_problems(chunk.size());
@@ -305,30 +397,60 @@ class CudaEngine final : public Engine {
       const GemmProblem& p = problems[chunk[j]];
       const Placement& pl = placements[j];
       const size_t in = ElementSize(p.input_type), out = ElementSize(p.output_type);
-      copies.push_back({context.pinned + pl.a, pl.lda * in, p.a, pl.a_cols * in, pl.a_cols * in,
-                        static_cast<size_t>(pl.a_rows)});
-      copies.push_back({context.pinned + pl.b, pl.ldb * in, p.b, pl.b_cols * in, pl.b_cols * in,
-                        static_cast<size_t>(pl.b_rows)});
-      if (p.beta != 0.0) {
-        copies.push_back({pinned_results + pl.d, pl.ldd * out, p.c, p.n * out, p.n * out,
-                          static_cast<size_t>(p.m)});
-      }
       DeviceGemmProblem& dp = device_problems[j];
-      dp.a = base + pl.a;
-      dp.b = base + pl.b;
-      dp.d = results + pl.d;
+      if (p.a_resident != nullptr) {
+        dp.a = AsCuda(p.a_resident)->data();
+        dp.lda = AsCuda(p.a_resident)->ld();
+      } else {
+        copies.push_back({context.pinned + pl.a, pl.lda * in, p.a, pl.a_cols * in, pl.a_cols * in,
+                          static_cast<size_t>(pl.a_rows)});
+        dp.a = base + pl.a;
+      }
+      if (p.b_resident != nullptr) {
+        dp.b = AsCuda(p.b_resident)->data();
+        dp.ldb = AsCuda(p.b_resident)->ld();
+      } else {
+        copies.push_back({context.pinned + pl.b, pl.ldb * in, p.b, pl.b_cols * in, pl.b_cols * in,
+                          static_cast<size_t>(pl.b_rows)});
+        dp.b = base + pl.b;
+      }
+      if (p.d_resident != nullptr) {
+        dp.d = AsCuda(p.d_resident)->data();
+        dp.ldc = dp.ldd = AsCuda(p.d_resident)->ld();
+      } else {
+        dp.d = results + pl.d;
+      }
+      // C is copied into D's slot and read from there.
+      if (p.beta != 0.0 && p.c_resident == nullptr) {
+        uint8_t* staging = p.d_resident != nullptr ? context.pinned + pl.c : pinned_results + pl.d;
+        copies.push_back({staging, pl.ldd * out, p.c, p.n * out, p.n * out, static_cast<size_t>(p.m)});
+      }
       dp.c = p.beta != 0.0 ? dp.d : nullptr;
     }
     cuda::RunCopies(copies);
     cudaStream_t stream = context.stream;
-    cudaError_t e = cudaMemcpyAsync(base, context.pinned, upload, cudaMemcpyHostToDevice, stream);
-    if (e != cudaSuccess) return Failed(e, "copying operands to the device");
+    cudaError_t e = cudaSuccess;
+    if (upload > 0) {
+      e = cudaMemcpyAsync(base, context.pinned, upload, cudaMemcpyHostToDevice, stream);
+      if (e != cudaSuccess) return Failed(e, "copying operands to the device");
+    }
     for (size_t j = 0; j < chunk.size(); ++j) {
       const GemmProblem& p = problems[chunk[j]];
       if (p.beta == 0.0) continue;
-      const size_t bytes = static_cast<size_t>(p.m) * placements[j].ldd * ElementSize(p.output_type);
-      e = cudaMemcpyAsync(results + placements[j].d, pinned_results + placements[j].d, bytes,
-                          cudaMemcpyHostToDevice, stream);
+      const Placement& pl = placements[j];
+      const DeviceGemmProblem& dp = device_problems[j];
+      const size_t out = ElementSize(p.output_type);
+      if (p.c_resident != nullptr) {
+        const CudaResidentMatrix* c = AsCuda(p.c_resident);
+        e = cudaMemcpy2DAsync(dp.d, dp.ldd * out, c->data(), c->ld() * out, p.n * out, p.m,
+                              cudaMemcpyDeviceToDevice, stream);
+      } else if (p.d_resident != nullptr) {
+        e = cudaMemcpy2DAsync(dp.d, dp.ldd * out, base + pl.c, pl.ldd * out, p.n * out, p.m,
+                              cudaMemcpyDeviceToDevice, stream);
+      } else {
+        e = cudaMemcpyAsync(results + pl.d, pinned_results + pl.d,
+                            static_cast<size_t>(p.m) * pl.ldd * out, cudaMemcpyHostToDevice, stream);
+      }
       if (e != cudaSuccess) return Failed(e, "copying C to the device");
     }
     absl::Status launched = launcher_->Run(device_problems, options, ws, workspace, stream);
@@ -336,13 +458,16 @@ class CudaEngine final : public Engine {
       CheckSticky();
       return absl::InternalError(absl::StrCat(device_.id, ": ", launched.message()));
     }
-    e = cudaMemcpyAsync(pinned_results, results, result, cudaMemcpyDeviceToHost, stream);
-    if (e != cudaSuccess) return Failed(e, "copying results from the device");
+    if (result > 0) {
+      e = cudaMemcpyAsync(pinned_results, results, result, cudaMemcpyDeviceToHost, stream);
+      if (e != cudaSuccess) return Failed(e, "copying results from the device");
+    }
     e = cudaStreamSynchronize(stream);
     if (e != cudaSuccess) return Failed(e, "running the batch");
     copies.clear();
     for (size_t j = 0; j < chunk.size(); ++j) {
       const GemmProblem& p = problems[chunk[j]];
+      if (p.d_resident != nullptr) continue;
       const size_t out = ElementSize(p.output_type);
       copies.push_back({p.d, p.n * out, pinned_results + placements[j].d, placements[j].ldd * out,
                         p.n * out, static_cast<size_t>(p.m)});
@@ -368,6 +493,9 @@ class CudaEngine final : public Engine {
   const DeviceDescription device_;
   const std::unique_ptr<GroupedGemmLauncher> launcher_;
   const std::unique_ptr<cuda::DevicePool> pool_;
+  // Resident matrices' memory (null when none is reserved); shared with the
+  // matrices so that it outlives them.
+  const std::shared_ptr<cuda::DevicePool> resident_pool_;
   // Kernels this engine was asked to use.
   const KernelFamily family_;
   // Input dtype -> whether our tensor-core kernel passed the self-test.
@@ -541,13 +669,24 @@ absl::StatusOr<CudaEngineSet> CreateCudaEngines(const CudaEngineOptions& options
       }
       cudaStreamDestroy(stream);
     }
-    const uint64_t pool_bytes =
+    const uint64_t share =
         static_cast<uint64_t>(static_cast<double>(free_bytes) * options.memory_fraction /
                               instances[d]);
-    absl::StatusOr<std::unique_ptr<cuda::DevicePool>> pool = cuda::DevicePool::Create(d, pool_bytes);
+    // Resident matrices get their own pool (long-lived allocations would
+    // fragment the batch pool), at most half of this engine's share.
+    const uint64_t resident_bytes = std::min<uint64_t>(options.resident_bytes, share / 2);
+    std::shared_ptr<cuda::DevicePool> resident_pool;
+    if (resident_bytes > 0) {
+      absl::StatusOr<std::unique_ptr<cuda::DevicePool>> p = cuda::DevicePool::Create(d, resident_bytes);
+      if (!p.ok()) return p.status();
+      resident_pool = *std::move(p);
+    }
+    absl::StatusOr<std::unique_ptr<cuda::DevicePool>> pool =
+        cuda::DevicePool::Create(d, share - resident_bytes);
     if (!pool.ok()) return pool.status();
     set.engines.push_back(std::make_unique<CudaEngine>(d, std::move(device), *std::move(launcher),
-                                                       *std::move(pool), family, hopper_ok));
+                                                       *std::move(pool), std::move(resident_pool),
+                                                       family, hopper_ok));
   }
   return set;
 }

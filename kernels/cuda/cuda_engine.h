@@ -31,6 +31,9 @@ struct CudaEngineOptions {
   std::vector<int> devices;
   // Share of each GPU's free memory reserved for the pools.
   double memory_fraction = 0.8;
+  // Of that share, bytes per engine set apart for resident matrices
+  // (operands and results kept between requests); at most half the share.
+  uint64_t resident_bytes = 0;
   // "persistent", "nonpersistent" or "cublas".
   std::string kernels = "persistent";
   // Checks our kernels against cuBLAS at start-up; a dtype that disagrees

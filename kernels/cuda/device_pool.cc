@@ -73,6 +73,19 @@ absl::StatusOr<void*> DevicePool::Allocate(uint64_t bytes) {
   return TryAllocateLocked(bytes);
 }
 
+absl::StatusOr<void*> DevicePool::TryAllocate(uint64_t bytes) {
+  bytes = (bytes + kGranule - 1) / kGranule * kGranule;
+  if (bytes == 0) bytes = kGranule;
+  absl::MutexLock lock(&mu_);
+  // Waiting Allocate calls keep their turn.
+  uint8_t* p = serving_ == next_ticket_ ? TryAllocateLocked(bytes) : nullptr;
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("needs ", bytes, " bytes of device memory; ",
+                                                     in_use_, " of ", capacity_, " in use"));
+  }
+  return p;
+}
+
 void DevicePool::Free(void* ptr) {
   absl::MutexLock lock(&mu_);
   const uint64_t offset = static_cast<uint8_t*>(ptr) - base_;

@@ -29,6 +29,9 @@ class DevicePool {
   ~DevicePool();
 
   absl::StatusOr<void*> Allocate(uint64_t bytes);
+  // Like Allocate, but RESOURCE_EXHAUSTED at once instead of waiting when
+  // no free range fits now.
+  absl::StatusOr<void*> TryAllocate(uint64_t bytes);
   void Free(void* ptr);
 
   uint64_t capacity() const { return capacity_; }

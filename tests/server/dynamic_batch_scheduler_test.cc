@@ -20,6 +20,18 @@ TEST(PickDeviceTest, LeastOutstandingWorkWins) {
   EXPECT_EQ(PickDevice({{1, 100, true}, {1, 50, true}, {1, 75, true}}), 1);
 }
 
+TEST(PickDeviceTest, KeptOperandsPullTheBatchToTheirDevice) {
+  const std::vector<DeviceLoad> loads = {{1, 100, true}, {1, 0, true}, {0, 0, true}, {1, 0, false}};
+  // Device 0 holds them: it wins over the idler device 1.
+  EXPECT_EQ(PickDeviceFor(loads, std::vector<uint64_t>{512, 0, 0, 0}, 1), 0);
+  // The most bytes win.
+  EXPECT_EQ(PickDeviceFor(loads, std::vector<uint64_t>{512, 1024, 0, 0}, 0), 1);
+  // A device without a free lane or unhealthy is passed over: the fallback
+  // (PickDevice's choice) runs it and copies the operands there.
+  EXPECT_EQ(PickDeviceFor(loads, std::vector<uint64_t>{0, 0, 4096, 4096}, 1), 1);
+  EXPECT_EQ(PickDeviceFor(loads, std::vector<uint64_t>{0, 0, 0, 0}, 1), 1);
+}
+
 TEST(PickDeviceTest, TiesGoToMoreFreeLanesThenLowerIndex) {
   EXPECT_EQ(PickDevice({{1, 0, true}, {2, 0, true}}), 1);
   EXPECT_EQ(PickDevice({{2, 0, true}, {2, 0, true}}), 0);
