@@ -16,10 +16,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -29,6 +31,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -39,6 +42,7 @@
 #include "absl/time/clock.h"
 #include "client/matmul_client.h"
 #include "client/requests.h"
+#include "kernels/reference_gemm.h"
 #include "matmul/bench/echo.grpc.pb.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50052", "serve-echo: address to serve on.");
@@ -62,6 +66,10 @@ ABSL_FLAG(std::string, token_file, "", "File holding a bearer token to send with
 ABSL_FLAG(std::string, label, "", "Label for the rows (e.g. batching-on).");
 ABSL_FLAG(std::string, json, "", "Append rows to this JSON-lines file.");
 ABSL_FLAG(bool, verify, true, "Check one response per shape against a float64 reference first.");
+ABSL_FLAG(std::string, operands, "inline",
+          "Comma list: inline (every request carries A and B), resident (B is stored on the "
+          "server once with PutMatrix and named by handle; only A and the result travel).");
+ABSL_FLAG(int, chain_length, 10, "chain: products in the chain.");
 
 namespace matmul::bench {
 namespace {
@@ -140,8 +148,12 @@ int ServeEcho() {
 struct Workload {
   std::string shape;
   DType dtype;
+  // "inline" or "resident".
+  std::string operands = "inline";
   // A pool of requests, used round-robin.
   std::vector<v1::MultiplyRequest> requests;
+  // The same requests with every operand inline (for checking results).
+  std::vector<v1::MultiplyRequest> inline_requests;
   std::vector<bench::EchoMessage> echoes;  // Same request and response sizes.
   std::vector<double> flops;
   std::vector<uint64_t> bytes;  // Request + response matrix bytes.
@@ -152,7 +164,14 @@ Workload MakeWorkload(const std::string& shape, DType dtype, std::mt19937_64& rn
   w.shape = shape;
   w.dtype = dtype;
   std::vector<std::array<int64_t, 3>> dims;
-  if (shape == "small") {
+  // weightsN: one N x N B shared by every request, A of 1..256 rows (a
+  // weight matrix times a stream of inputs).
+  int64_t weights = 0;
+  if (absl::StartsWith(shape, "weights") && absl::SimpleAtoi(shape.substr(7), &weights) &&
+      weights > 0) {
+    std::uniform_int_distribution<int64_t> rows(1, 256);
+    for (int i = 0; i < 64; ++i) dims.push_back({rows(rng), weights, weights});
+  } else if (shape == "small") {
     std::uniform_int_distribution<int64_t> d(64, 256);
     for (int i = 0; i < 64; ++i) dims.push_back({d(rng), d(rng), d(rng)});
   } else if (shape == "medium") {
@@ -169,9 +188,14 @@ Workload MakeWorkload(const std::string& shape, DType dtype, std::mt19937_64& rn
     }
     dims.push_back(v);
   }
+  v1::Matrix shared_b;
   for (const auto& d : dims) {
     ProblemSpec spec{.m = d[0], .n = d[1], .k = d[2], .dtype = dtype};
     w.requests.push_back(client::RandomRequest(spec, rng));
+    if (weights > 0) {
+      if (shared_b.data().empty()) shared_b = w.requests.back().b();
+      *w.requests.back().mutable_b() = shared_b;
+    }
     const uint64_t in = w.requests.back().a().data().size() + w.requests.back().b().data().size();
     const uint64_t out = static_cast<uint64_t>(d[0]) * d[1] * ElementSize(dtype);
     bench::EchoMessage echo;
@@ -183,7 +207,31 @@ Workload MakeWorkload(const std::string& shape, DType dtype, std::mt19937_64& rn
     w.flops.push_back(2.0 * d[0] * d[1] * d[2]);
     w.bytes.push_back(in + out);
   }
+  w.inline_requests = w.requests;
   return w;
+}
+
+// Stores every distinct B of `w` on the server and names it by handle in
+// the requests; bytes and echoes then count what still travels (A and the
+// result).
+absl::Status MakeResident(client::MatmulClient& c, Workload& w) {
+  std::map<std::string, std::string> ids;  // B bytes -> handle id.
+  for (size_t i = 0; i < w.requests.size(); ++i) {
+    v1::MultiplyRequest& r = w.requests[i];
+    auto found = ids.find(r.b().data());
+    if (found == ids.end()) {
+      absl::StatusOr<v1::MatrixHandle> h = c.PutMatrix(r.b());
+      if (!h.ok()) return h.status();
+      found = ids.emplace(r.b().data(), h->id()).first;
+    }
+    const uint64_t b_bytes = r.b().data().size();
+    r.mutable_b()->Clear();
+    r.mutable_b()->set_handle(found->second);
+    w.bytes[i] -= b_bytes;
+    w.echoes[i].mutable_payload()->assign(r.a().data());
+  }
+  w.operands = "resident";
+  return absl::OkStatus();
 }
 
 // ---- Measurement -----------------------------------------------------------------
@@ -529,11 +577,21 @@ int Run(bool open) {
         std::fprintf(stderr, "matmul-bench: bad dtype %s\n", dtype_name.c_str());
         return 2;
       }
-      const Workload w = MakeWorkload(shape, *dtype, rng);
+      for (const std::string& operands : List(absl::GetFlag(FLAGS_operands))) {
+      Workload w = MakeWorkload(shape, *dtype, rng);
+      if (operands == "resident") {
+        if (absl::Status s = MakeResident(**c, w); !s.ok()) {
+          std::fprintf(stderr, "matmul-bench: storing B: %s\n", s.ToString().c_str());
+          return 1;
+        }
+      } else if (operands != "inline") {
+        std::fprintf(stderr, "matmul-bench: --operands takes inline or resident\n");
+        return 2;
+      }
       if (absl::GetFlag(FLAGS_verify)) {
         auto response = (*c)->Multiply(w.requests.front());
         absl::StatusOr<double> err =
-            response.ok() ? client::CheckResponse(w.requests.front(), *response)
+            response.ok() ? client::CheckResponse(w.inline_requests.front(), *response)
                           : absl::StatusOr<double>(response.status());
         if (!err.ok() || !(*err <= 1e-2)) {
           std::fprintf(stderr, "matmul-bench: %s %s result check failed: %s\n", shape.c_str(),
@@ -547,7 +605,7 @@ int Run(bool open) {
         r.label = absl::GetFlag(FLAGS_label);
         r.target = target;
         r.mode = mode;
-        r.shape = shape;
+        r.shape = w.operands == "resident" ? absl::StrCat(shape, "/res") : shape;
         r.dtype = std::string(DTypeName(*dtype));
         Print(r);
       };
@@ -570,6 +628,128 @@ int Run(bool open) {
           }
         }
       }
+      }
+    }
+  }
+  return 0;
+}
+
+// A chain of products D_{i+1} = D_i * B_i (N x N), twice: every operand and
+// result over the wire, then with every matrix kept on the server
+// (store_result) and only the final result downloaded.
+int Chain() {
+  std::mt19937_64 rng(std::random_device{}());
+  absl::Status security = client::ApplySecurityFlags(
+      absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+      absl::GetFlag(FLAGS_tls_server_name), absl::GetFlag(FLAGS_token_file), &g_security);
+  if (!security.ok()) return 2;
+  client::ClientOptions options = g_security;
+  options.target = absl::GetFlag(FLAGS_target);
+  options.max_message_bytes = INT32_MAX;
+  auto c = client::MatmulClient::Create(options);
+  if (!c.ok()) return 2;
+  const int length = absl::GetFlag(FLAGS_chain_length);
+  std::printf("%-8s %-8s %6s %-9s %9s %9s %9s %10s\n", "shape", "dtype", "length", "operands",
+              "seconds", "TFLOP/s", "GB wire", "rel.err");
+  for (const std::string& shape : List(absl::GetFlag(FLAGS_shapes))) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(shape, &n) || n <= 0) {
+      std::fprintf(stderr, "matmul-bench chain: --shapes takes sizes N, got %s\n", shape.c_str());
+      return 2;
+    }
+    for (const std::string& dtype_name : List(absl::GetFlag(FLAGS_dtypes))) {
+      const std::optional<DType> dtype = client::ParseDType(dtype_name);
+      if (!dtype.has_value()) return 2;
+      // Entries ~ U(-1,1)/sqrt(n) keep the chain's values of order one.
+      std::vector<v1::Matrix> b;
+      v1::Matrix a;
+      for (int i = 0; i <= length; ++i) {
+        ProblemSpec spec{.m = n, .n = n, .k = n, .dtype = *dtype, .alpha = 1.0};
+        v1::MultiplyRequest r = client::RandomRequest(spec, rng);
+        if (i == 0) a = r.a();
+        if (i < length) b.push_back(r.b());
+      }
+      const double scale = 1.0 / std::sqrt(static_cast<double>(n));
+      const double flops = 2.0 * n * n * n * length;
+      // Inline: each step ships D_i and B_i and gets D_{i+1} back.
+      v1::Matrix d = a;
+      double wire = 0;
+      absl::Time start = absl::Now();
+      for (int i = 0; i < length; ++i) {
+        v1::MultiplyRequest r;
+        *r.mutable_a() = d;
+        *r.mutable_b() = b[i];
+        r.set_alpha(scale);
+        absl::StatusOr<v1::MultiplyResponse> resp = (*c)->Multiply(r);
+        if (!resp.ok()) {
+          std::fprintf(stderr, "matmul-bench chain: %s\n", resp.status().ToString().c_str());
+          return 1;
+        }
+        wire += r.a().data().size() + r.b().data().size() + resp->c().data().size();
+        d = resp->c();
+      }
+      const double inline_s = absl::ToDoubleSeconds(absl::Now() - start);
+      const v1::Matrix inline_result = d;
+      std::printf("%-8s %-8s %6d %-9s %9.3f %9.3f %9.3f %10s\n", shape.c_str(), dtype_name.c_str(),
+                  length, "inline", inline_s, flops / inline_s / 1e12, wire / 1e9, "-");
+      // Resident: upload once (timed), chain by handle, download the end.
+      start = absl::Now();
+      wire = a.data().size();
+      absl::StatusOr<v1::MatrixHandle> current = (*c)->PutMatrix(a);
+      std::vector<std::string> b_ids;
+      if (current.ok()) b_ids.push_back(current->id());  // Deleted with the B's.
+      for (const v1::Matrix& m : b) {
+        absl::StatusOr<v1::MatrixHandle> h = (*c)->PutMatrix(m);
+        if (!h.ok() || !current.ok()) {
+          std::fprintf(stderr, "matmul-bench chain: PutMatrix failed\n");
+          return 1;
+        }
+        b_ids.push_back(h->id());
+        wire += m.data().size();
+      }
+      const absl::Time uploaded = absl::Now();
+      std::vector<std::string> temporaries;
+      for (int i = 0; i < length; ++i) {
+        v1::MultiplyRequest r;
+        r.mutable_a()->set_handle(current->id());
+        r.mutable_b()->set_handle(b_ids[i + 1]);
+        r.set_alpha(scale);
+        r.set_store_result(true);
+        absl::StatusOr<v1::MultiplyResponse> resp = (*c)->Multiply(r);
+        if (!resp.ok()) {
+          std::fprintf(stderr, "matmul-bench chain: %s\n", resp.status().ToString().c_str());
+          return 1;
+        }
+        temporaries.push_back(resp->result_handle().id());
+        *current = resp->result_handle();
+      }
+      absl::StatusOr<v1::Matrix> result = (*c)->GetMatrix(current->id());
+      const double resident_s = absl::ToDoubleSeconds(absl::Now() - start);
+      const double chain_s = absl::ToDoubleSeconds(absl::Now() - uploaded);
+      if (!result.ok()) return 1;
+      wire += result->data().size();
+      // The two chains ran the same products on the same engine.
+      const std::vector<double> x = ToDouble(inline_result.data().data(), *dtype, n * n);
+      const std::vector<double> y = ToDouble(result->data().data(), *dtype, n * n);
+      double num = 0, den = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        num += (x[i] - y[i]) * (x[i] - y[i]);
+        den += x[i] * x[i];
+      }
+      std::printf("%-8s %-8s %6d %-9s %9.3f %9.3f %9.3f %10.2e\n", shape.c_str(), dtype_name.c_str(),
+                  length, "resident", resident_s, flops / resident_s / 1e12, wire / 1e9,
+                  std::sqrt(num / std::max(den, 1e-300)));
+      std::printf("%-8s %-8s %6d %-9s %9.3f %9.3f %9s %10s\n", shape.c_str(), dtype_name.c_str(),
+                  length, "(chain)", chain_s, flops / chain_s / 1e12, "-", "-");
+      const std::string path = absl::GetFlag(FLAGS_json);
+      if (!path.empty()) {
+        std::ofstream(path, std::ios::app) << absl::StrFormat(
+            "{\"bench\": \"chain\", \"n\": %d, \"dtype\": \"%s\", \"length\": %d, "
+            "\"inline_s\": %.4f, \"resident_s\": %.4f, \"resident_chain_s\": %.4f}\n",
+            n, dtype_name, length, inline_s, resident_s, chain_s);
+      }
+      for (const std::string& id : temporaries) (void)(*c)->DeleteMatrix(id);
+      for (const std::string& id : b_ids) (void)(*c)->DeleteMatrix(id);
     }
   }
   return 0;
@@ -580,17 +760,18 @@ int Run(bool open) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "matmul-bench <serve-echo|run|open> [flags]: load generator for matmul-server "
+      "matmul-bench <serve-echo|run|open|chain> [flags]: load generator for matmul-server "
       "(closed-loop sweep, open-loop Poisson) with a gRPC echo baseline.");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    std::fprintf(stderr, "matmul-bench: expected one command: serve-echo, run or open\n");
+    std::fprintf(stderr, "matmul-bench: expected one command: serve-echo, run, open or chain\n");
     return 2;
   }
   const std::string command = args[1];
   if (command == "serve-echo") return matmul::bench::ServeEcho();
   if (command == "run") return matmul::bench::Run(false);
   if (command == "open") return matmul::bench::Run(true);
+  if (command == "chain") return matmul::bench::Chain();
   std::fprintf(stderr, "matmul-bench: unknown command %s\n", command.c_str());
   return 2;
 }

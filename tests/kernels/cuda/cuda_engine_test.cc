@@ -57,6 +57,7 @@ class CudaEngineTest : public ::testing::Test {
     CudaEngineOptions options;
     options.devices = {0};
     options.memory_fraction = 0.1;
+    options.resident_bytes = 512ull << 20;
     auto set = CreateCudaEngines(options);
     ASSERT_TRUE(set.ok()) << set.status();
     for (const std::string& note : set->notes) std::printf("note: %s\n", note.c_str());
@@ -103,6 +104,78 @@ TEST_F(CudaEngineTest, MixedBatchOfEveryDTypeOddShapesAndTransposes) {
     ASSERT_TRUE(status[i].ok()) << status[i];
     ExpectCorrect(owned[i], absl::StrCat("problem ", i));
   }
+  EXPECT_EQ(engine_->Stats().memory_in_use_bytes, 0u);
+}
+
+TEST_F(CudaEngineTest, ResidentOperandsAndResultsMatchTheReference) {
+  // Every combination of resident A, B, C and D, odd widths (rows padded on
+  // the device), transposes, beta with C inline or resident.
+  int checked = 0;
+  for (auto [in, out, precision] :
+       {std::tuple{DType::kBFloat16, DType::kBFloat16, Precision::kDefault},
+        std::tuple{DType::kFloat16, DType::kFloat32, Precision::kDefault},
+        std::tuple{DType::kFloat32, DType::kFloat32, Precision::kTF32},
+        std::tuple{DType::kFloat32, DType::kFloat32, Precision::kDefault},
+        std::tuple{DType::kFloat64, DType::kFloat64, Precision::kDefault}}) {
+    std::vector<Owned> owned;
+    std::vector<std::unique_ptr<ResidentMatrix>> kept;
+    std::vector<GemmProblem> problems;
+    std::vector<ResidentMatrix*> results;
+    for (int mask = 0; mask < 16; ++mask) {
+      const int v = mask % 4;
+      Owned o = MakeOwned(67 + mask, 129 + 2 * mask, 95, in, out, rng_, v & 1, v & 2,
+                          mask % 3 == 0 ? 0.5 : 0.0, precision);
+      GemmProblem p = o.p;
+      auto make = [&](const std::vector<uint8_t>& host, int64_t rows, int64_t cols, DType t) {
+        absl::StatusOr<std::unique_ptr<ResidentMatrix>> r =
+            engine_->CreateResident(rows, cols, t, host.empty() ? nullptr : host.data());
+        EXPECT_TRUE(r.ok()) << r.status();
+        kept.push_back(*std::move(r));
+        return kept.back().get();
+      };
+      if (mask & 1) p.a_resident = make(o.a, p.transpose_a ? p.k : p.m, p.transpose_a ? p.m : p.k, in);
+      if (mask & 2) p.b_resident = make(o.b, p.transpose_b ? p.n : p.k, p.transpose_b ? p.k : p.n, in);
+      if ((mask & 4) && p.beta != 0.0) p.c_resident = make(o.c, p.m, p.n, out);
+      ResidentMatrix* d = nullptr;
+      if (mask & 8) {
+        d = make({}, p.m, p.n, out);
+        p.d_resident = d;
+      }
+      results.push_back(d);
+      problems.push_back(p);
+      owned.push_back(std::move(o));
+    }
+    std::vector<absl::Status> status(problems.size());
+    engine_->Run(problems, absl::MakeSpan(status));
+    for (size_t i = 0; i < owned.size(); ++i) {
+      ASSERT_TRUE(status[i].ok()) << status[i];
+      if (results[i] != nullptr) {
+        ASSERT_TRUE(engine_->ReadResident(*results[i], owned[i].d.data()).ok());
+      }
+      ExpectCorrect(owned[i], absl::StrCat(DTypeName(in), " resident mask ", i));
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 5 * 16);
+  EXPECT_EQ(engine_->Stats().memory_in_use_bytes, 0u);
+}
+
+TEST_F(CudaEngineTest, ResidentMatricesRoundTripAndTheirPoolIsBounded) {
+  const std::vector<uint8_t> host = RandomMatrix(DType::kBFloat16, 77 * 333, rng_);
+  absl::StatusOr<std::unique_ptr<ResidentMatrix>> m =
+      engine_->CreateResident(77, 333, DType::kBFloat16, host.data());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->bytes(), host.size());
+  EXPECT_GE((*m)->footprint(), host.size());  // Rows padded to 16 bytes.
+  std::vector<uint8_t> back(host.size());
+  ASSERT_TRUE(engine_->ReadResident(**m, back.data()).ok());
+  EXPECT_EQ(back, host);
+  EXPECT_GT(engine_->Stats().memory_in_use_bytes, 0u);
+  // Larger than the resident pool: a clean RESOURCE_EXHAUSTED.
+  absl::StatusOr<std::unique_ptr<ResidentMatrix>> huge =
+      engine_->CreateResident(65536, 65536, DType::kFloat32, nullptr);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  m->reset();
   EXPECT_EQ(engine_->Stats().memory_in_use_bytes, 0u);
 }
 
