@@ -165,6 +165,43 @@ class MatmulClientTest(unittest.TestCase):
             t.join()
         self.assertEqual(failures, [])
 
+    def test_kept_matrices_by_handle_chunked_and_chained(self):
+        for dtype in (np.float32, "bfloat16"):
+            np_dtype = np.float32
+            a = rand(self.rng, (33, 70), np_dtype)
+            b = rand(self.rng, (70, 45), np_dtype)
+            e = rand(self.rng, (45, 20), np_dtype)
+            # Chunks of 1 KiB force the streaming upload for b.
+            hb = self.client.put_matrix(b, dtype=dtype, chunk_bytes=1024)
+            he = self.client.put_matrix(e, dtype=dtype)
+            self.assertEqual((hb.rows, hb.cols), (70, 45))
+            wire_b = self.client.get_matrix(hb)
+            wire_a = bfloat16_to_float32(float32_to_bfloat16(a)) if dtype == "bfloat16" else a
+            ref = wire_a.astype(np.float64) @ wire_b.astype(np.float64)
+            bound = BOUNDS["bfloat16"] if dtype == "bfloat16" else BOUNDS[np.float32]
+            inline = self.client.matmul(a, wire_b, dtype=dtype)
+            by_handle = self.client.matmul(a, hb, dtype=dtype)
+            self.assertLess(rel_err(by_handle, ref), bound)
+            np.testing.assert_array_equal(by_handle, inline)
+            # A chain kept on the server: (a @ b) @ e, downloaded once.
+            ha = self.client.put_matrix(a, dtype=dtype)
+            hc = self.client.matmul(ha, hb, store_result=True)
+            self.assertTrue(hc.id)
+            hd = self.client.matmul(hc, he, store_result=True)
+            c = self.client.get_matrix(hc)
+            d = self.client.get_matrix(hd)
+            self.assertLess(rel_err(c, ref), bound)
+            ref_d = c.astype(np.float64) @ self.client.get_matrix(he).astype(np.float64)
+            self.assertLess(rel_err(d, ref_d), bound)
+            ids = {h.id for h in self.client.list_matrices()}
+            self.assertTrue({ha.id, hb.id, hc.id, hd.id, he.id} <= ids)
+            for h in (ha, hb, hc, hd, he):
+                self.client.delete_matrix(h)
+            with self.assertRaises(MatmulError) as cm:
+                self.client.matmul(a, hb, dtype=dtype)
+            self.assertEqual(cm.exception.code, grpc.StatusCode.NOT_FOUND)
+            self.assertIn(hb.id, cm.exception.details)
+
     def test_server_info(self):
         info = self.client.server_info()
         self.assertTrue(info.engine.startswith("cpu" if BACKEND == "cpu" else "cuda"), info.engine)

@@ -86,6 +86,21 @@ def _from_matrix(matrix, raw_bfloat16=False):
     return array.copy()
 
 
+def _is_handle(x):
+    return isinstance(x, matmul_pb2.MatrixHandle)
+
+
+def _handle_id(handle):
+    return handle.id if _is_handle(handle) else str(handle)
+
+
+def _operand(x, wire_dtype):
+    """An inline Matrix for an array; a by-handle Matrix for a MatrixHandle."""
+    if _is_handle(x):
+        return matmul_pb2.Matrix(handle=x.id)
+    return _to_matrix(x, wire_dtype)
+
+
 class MatmulClient:
     """A connection to matmul-server.
 
@@ -160,33 +175,92 @@ class MatmulClient:
 
     def build_request(self, a, b, *, transpose_a=False, transpose_b=False, precision="default",
                       c=None, alpha=1.0, beta=0.0, dtype=None, output_dtype=None, priority=0,
-                      request_id=""):
-        """The MultiplyRequest that matmul() sends (for streams and raw calls)."""
-        wire = _wire_dtype(dtype) if dtype is not None else _wire_dtype(np.asarray(a).dtype)
+                      request_id="", store_result=False, result_ttl_seconds=0):
+        """The MultiplyRequest that matmul() sends (for streams and raw calls).
+
+        ``a``, ``b`` and ``c`` are arrays, or MatrixHandles of matrices kept on the
+        server (put_matrix, or a result kept with store_result)."""
+        if dtype is not None:
+            wire = _wire_dtype(dtype)
+        else:
+            kept = next((x for x in (a, b) if _is_handle(x)), None)
+            wire = kept.dtype if kept is not None else _wire_dtype(np.asarray(a).dtype)
         out = _wire_dtype(output_dtype)
         request = matmul_pb2.MultiplyRequest(
-            a=_to_matrix(a, wire), b=_to_matrix(b, wire), transpose_a=transpose_a,
+            a=_operand(a, wire), b=_operand(b, wire), transpose_a=transpose_a,
             transpose_b=transpose_b,
             precision=_PRECISIONS[precision] if isinstance(precision, str) else precision,
             output_dtype=out or matmul_pb2.DTYPE_UNSPECIFIED, priority=priority,
-            request_id=request_id, alpha=alpha, beta=beta)
+            request_id=request_id, alpha=alpha, beta=beta, store_result=store_result,
+            result_ttl_seconds=result_ttl_seconds)
         if c is not None:
-            request.c.CopyFrom(_to_matrix(c, out or wire))
+            request.c.CopyFrom(_operand(c, out or wire))
         return request
 
     def matmul(self, a, b, *, transpose_a=False, transpose_b=False, precision="default", c=None,
                alpha=1.0, beta=0.0, dtype=None, output_dtype=None, priority=0, timeout=None,
-               raw_bfloat16=False):
+               raw_bfloat16=False, store_result=False, result_ttl_seconds=0):
         """alpha * op(a) @ op(b) + beta * c on the server, as a numpy array.
 
         ``dtype`` overrides the arrays' dtype on the wire ("bfloat16" for bfloat16);
-        ``precision`` is "default" (exact float32) or "tf32". Raises MatmulError.
+        ``precision`` is "default" (exact float32) or "tf32". Operands may be
+        MatrixHandles (see put_matrix). With ``store_result`` the result stays on the
+        server and its MatrixHandle is returned instead. Raises MatmulError.
         """
         request = self.build_request(a, b, transpose_a=transpose_a, transpose_b=transpose_b,
                                      precision=precision, c=c, alpha=alpha, beta=beta,
-                                     dtype=dtype, output_dtype=output_dtype, priority=priority)
+                                     dtype=dtype, output_dtype=output_dtype, priority=priority,
+                                     store_result=store_result,
+                                     result_ttl_seconds=result_ttl_seconds)
         response = self._call(self._stub.Multiply, request, timeout)
+        if store_result:
+            return response.result_handle
         return _from_matrix(response.c, raw_bfloat16)
+
+    def put_matrix(self, array, *, dtype=None, ttl_seconds=0, chunk_bytes=4 << 20, timeout=None):
+        """Keeps a matrix on the server; returns its MatrixHandle (id, shape, dtype,
+        bytes, expire_time_ms). Matrices larger than ``chunk_bytes`` go in chunks
+        (UploadMatrix), so any size up to the server's store budget works."""
+        wire = _wire_dtype(dtype) if dtype is not None else _wire_dtype(np.asarray(array).dtype)
+        matrix = _to_matrix(array, wire)
+        if len(matrix.data) <= chunk_bytes:
+            return self._call(self._stub.PutMatrix,
+                              matmul_pb2.PutMatrixRequest(matrix=matrix, ttl_seconds=ttl_seconds),
+                              timeout)
+
+        def chunks():
+            data = matrix.data
+            for offset in range(0, len(data), chunk_bytes):
+                chunk = matmul_pb2.UploadMatrixChunk(data=data[offset:offset + chunk_bytes])
+                if offset == 0:
+                    chunk.rows, chunk.cols, chunk.dtype = matrix.rows, matrix.cols, matrix.dtype
+                    chunk.ttl_seconds = ttl_seconds
+                yield chunk
+        return self._call(self._stub.UploadMatrix, chunks(), timeout)
+
+    def get_matrix(self, handle, *, raw_bfloat16=False, timeout=None):
+        """Downloads a kept matrix (a MatrixHandle or its id) as a numpy array."""
+        request = matmul_pb2.GetMatrixRequest(id=_handle_id(handle))
+        try:
+            parts = list(self._stub.GetMatrix(
+                request, timeout=timeout if timeout is not None else self._timeout,
+                metadata=self._metadata))
+        except grpc.RpcError as e:
+            raise MatmulError(e.code(), e.details()) from None
+        h = parts[0].handle
+        matrix = matmul_pb2.Matrix(rows=h.rows, cols=h.cols, dtype=h.dtype,
+                                   data=b"".join(p.data for p in parts))
+        return _from_matrix(matrix, raw_bfloat16)
+
+    def delete_matrix(self, handle, timeout=None):
+        """Deletes a kept matrix (a MatrixHandle or its id)."""
+        self._call(self._stub.DeleteMatrix, matmul_pb2.DeleteMatrixRequest(id=_handle_id(handle)),
+                   timeout)
+
+    def list_matrices(self, timeout=None):
+        """The caller's kept matrices, as MatrixHandles."""
+        return list(self._call(self._stub.ListMatrices, matmul_pb2.ListMatricesRequest(),
+                               timeout).matrices)
 
     def multiply(self, request, timeout=None):
         """Sends a MultiplyRequest; returns the MultiplyResponse (timing included)."""
