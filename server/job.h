@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
@@ -94,6 +95,9 @@ struct Job {
   // Kept operands or result, when the request uses any; `output` is null
   // when the result is kept.
   std::unique_ptr<ResidentOperands> resident;
+  // Shared-memory regions the operands or result live in, kept mapped
+  // until the job ends. `output` is null when the result goes there.
+  std::vector<std::shared_ptr<const void>> holds;
 
   // Set by the queue when the job enters it.
   absl::Time enqueued = absl::InfinitePast();

@@ -77,6 +77,9 @@ ABSL_FLAG(int64_t, resident_bytes_per_client, 0,
 ABSL_FLAG(int64_t, resident_default_ttl_s, 3600,
           "Lifetime of a kept matrix whose request names none, in seconds.");
 ABSL_FLAG(int64_t, resident_max_ttl_s, 86400, "Longest lifetime a request may ask for, in seconds.");
+ABSL_FLAG(bool, shared_memory, false,
+          "Let same-host clients pass operands and results through POSIX shared memory "
+          "(RegisterSharedMemory); each region is usable only by the client that registered it.");
 ABSL_FLAG(int, max_stream_inflight, 128,
           "Most items of one MultiplyStream queued or running at once.");
 ABSL_FLAG(double, shutdown_grace_s, 30,
@@ -189,6 +192,7 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   config.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   config.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   config.max_inflight_per_client = absl::GetFlag(FLAGS_max_inflight_per_client);
+  config.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   config.resident.max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_resident_bytes));
   config.resident.max_bytes_per_client =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_resident_bytes_per_client));

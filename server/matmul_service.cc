@@ -650,6 +650,52 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::ListMatrices(grpc::CallbackServerCo
   return reactor;
 }
 
+grpc::ServerUnaryReactor* MatmulServiceImpl::RegisterSharedMemory(
+    grpc::CallbackServerContext* context, const v1::RegisterSharedMemoryRequest* request,
+    v1::RegisterSharedMemoryResponse*) {
+  const absl::Time arrival = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    absl::StatusOr<std::string> client = SharedMemoryCaller(*context);
+    if (!client.ok()) return client.status();
+    return options_.shared_memory->Register(*client, request->name(), request->key(),
+                                            request->offset(), request->byte_size());
+  }();
+  Record("RegisterSharedMemory", status, arrival);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* MatmulServiceImpl::UnregisterSharedMemory(
+    grpc::CallbackServerContext* context, const v1::UnregisterSharedMemoryRequest* request,
+    v1::UnregisterSharedMemoryResponse*) {
+  const absl::Time arrival = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    absl::StatusOr<std::string> client = SharedMemoryCaller(*context);
+    if (!client.ok()) return client.status();
+    return options_.shared_memory->Unregister(*client, request->name());
+  }();
+  Record("UnregisterSharedMemory", status, arrival);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+absl::StatusOr<std::string> MatmulServiceImpl::SharedMemoryCaller(
+    const grpc::CallbackServerContext& context) {
+  if (draining_.load()) return ShuttingDown();
+  absl::StatusOr<std::string> client = Identify(context);
+  if (!client.ok()) {
+    metrics_->Rejected(RejectReason::kUnauthenticated);
+    return client.status();
+  }
+  if (options_.shared_memory == nullptr) {
+    return absl::FailedPreconditionError(
+        "shared memory is off on this server (start it with --shared_memory)");
+  }
+  return client;
+}
+
 absl::StatusOr<std::string> MatmulServiceImpl::Identify(
     const grpc::CallbackServerContext& context) const {
   if (options_.auth != nullptr) return options_.auth->Authenticate(context.client_metadata());
@@ -736,8 +782,15 @@ absl::Status MatmulServiceImpl::Submit(const std::string& client, const Multiply
       return kept;
     };
   }
+  SharedMemoryLookup shm;
+  if (options_.shared_memory != nullptr) {
+    const SharedMemoryRegistry* registry = options_.shared_memory;
+    shm = [registry, &client](const v1::SharedMemoryRef& ref, const std::string& field) {
+      return registry->Resolve(client, ref, field);
+    };
+  }
   absl::StatusOr<ValidatedRequest> validated =
-      ValidateMultiplyRequest(request, options_.limits, lookup);
+      ValidateMultiplyRequest(request, options_.limits, lookup, shm);
   if (!validated.ok()) {
     metrics_->Rejected(ReasonFor(validated.status()));
     return validated.status();
@@ -774,9 +827,12 @@ absl::Status MatmulServiceImpl::Submit(const std::string& client, const Multiply
   job->id = scheduler_->NewJobId();
   *job_id = job->id;
   job->problem = validated->problem;
-  job->output = validated->keep_result ? nullptr : c->mutable_data();
-  job->output_bytes = validated->keep_result ? 0 : validated->output_bytes;
+  const bool output_elsewhere = validated->keep_result || validated->output_shm != nullptr;
+  job->output = output_elsewhere ? nullptr : c->mutable_data();
+  job->output_bytes = output_elsewhere ? 0 : validated->output_bytes;
+  job->problem.d = validated->output_shm;
   job->resident = std::move(resident);
+  job->holds = std::move(validated->holds);
   job->priority = request.priority();
   job->arrival = arrival;
   job->deadline = deadline;

@@ -24,6 +24,7 @@
 #include "server/matrix_store.h"
 #include "server/metrics.h"
 #include "server/request_validation.h"
+#include "server/shared_memory.h"
 
 namespace matmul::server {
 
@@ -45,6 +46,8 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
     // Matrices kept between requests (PutMatrix, handles, store_result);
     // null: those calls are refused. Must outlive the service.
     MatrixStore* store = nullptr;
+    // Same-host shared memory; null: off. Must outlive the service.
+    SharedMemoryRegistry* shared_memory = nullptr;
   };
 
   // `scheduler` and `metrics` must outlive the service; `info` builds the
@@ -73,6 +76,12 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
   grpc::ServerUnaryReactor* ListMatrices(grpc::CallbackServerContext* context,
                                          const v1::ListMatricesRequest* request,
                                          v1::ListMatricesResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterSharedMemory(
+      grpc::CallbackServerContext* context, const v1::RegisterSharedMemoryRequest* request,
+      v1::RegisterSharedMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterSharedMemory(
+      grpc::CallbackServerContext* context, const v1::UnregisterSharedMemoryRequest* request,
+      v1::UnregisterSharedMemoryResponse* response) override;
 
   // New calls and new stream items get UNAVAILABLE; open streams end once
   // their accepted items are answered.
@@ -91,6 +100,8 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
   // Who the call is from, or why it may not use the store now (draining,
   // unauthenticated, no store).
   absl::StatusOr<std::string> StoreCaller(const grpc::CallbackServerContext& context);
+  // Likewise for the shared-memory calls.
+  absl::StatusOr<std::string> SharedMemoryCaller(const grpc::CallbackServerContext& context);
 
   // Validates `request`, prepares `response` and submits a job that calls
   // `done` when it ends. On error nothing was submitted and `done` will not

@@ -24,6 +24,10 @@ struct Operand {
   DType dtype = DType::kFloat32;
   std::shared_ptr<StoredMatrix> kept;
   bool by_handle = false;
+  // The bytes (inline or in shared memory); null when by handle.
+  const void* data = nullptr;
+  // The shared-memory region holding them, if any.
+  std::shared_ptr<const void> hold;
 };
 
 struct Shape {
@@ -66,15 +70,51 @@ absl::StatusOr<Operand> CheckHandle(const Matrix& x, absl::string_view field,
   return o;
 }
 
+absl::StatusOr<Shape> CheckShape(const Matrix& x, absl::string_view field,
+                                 const RequestLimits& limits);
+
+// Shared-memory bytes of `expected` length for `field`.
+absl::StatusOr<SharedBytes> CheckShared(const v1::SharedMemoryRef& ref, absl::string_view field,
+                                        uint64_t expected, absl::string_view what,
+                                        const SharedMemoryLookup& shm) {
+  if (!shm) {
+    return Invalid(field, "this server has shared memory off (start it with --shared_memory); "
+                          "send the data inline");
+  }
+  if (ref.bytes() != expected) {
+    return Invalid(absl::StrCat(field, ".bytes"),
+                   absl::StrCat("expected ", expected, " (", what, "), got ", ref.bytes()));
+  }
+  return shm(ref, std::string(field));
+}
+
 absl::StatusOr<Operand> CheckOperand(const Matrix& x, absl::string_view field,
-                                     const RequestLimits& limits, const KeptMatrixLookup& lookup) {
+                                     const RequestLimits& limits, const KeptMatrixLookup& lookup,
+                                     const SharedMemoryLookup& shm) {
+  const int sources = !x.handle().empty() + x.has_shm() + !x.data().empty();
+  if (sources > 1) {
+    return Invalid(field, "give exactly one of data, handle and shm");
+  }
   if (!x.handle().empty()) return CheckHandle(x, field, lookup);
-  absl::StatusOr<DType> type = CheckMatrix(x, field, limits);
-  if (!type.ok()) return type.status();
   Operand o;
+  if (x.has_shm()) {
+    absl::StatusOr<Shape> shape = CheckShape(x, field, limits);
+    if (!shape.ok()) return shape.status();
+    absl::StatusOr<SharedBytes> bytes =
+        CheckShared(x.shm(), absl::StrCat(field, ".shm"), shape->bytes,
+                    absl::StrFormat("%d x %d %s", x.rows(), x.cols(), DTypeName(shape->dtype)), shm);
+    if (!bytes.ok()) return bytes.status();
+    o.dtype = shape->dtype;
+    o.data = bytes->data;
+    o.hold = std::move(bytes->hold);
+  } else {
+    absl::StatusOr<DType> type = CheckMatrix(x, field, limits);
+    if (!type.ok()) return type.status();
+    o.dtype = *type;
+    o.data = x.data().data();
+  }
   o.rows = x.rows();
   o.cols = x.cols();
-  o.dtype = *type;
   return o;
 }
 
@@ -157,12 +197,13 @@ std::string ProtoDTypeName(int type) {
 
 absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& request,
                                                           const RequestLimits& limits,
-                                                          const KeptMatrixLookup& lookup) {
+                                                          const KeptMatrixLookup& lookup,
+                                                          const SharedMemoryLookup& shm) {
   if (!request.has_a()) return Invalid("a", "required");
   if (!request.has_b()) return Invalid("b", "required");
-  absl::StatusOr<Operand> a = CheckOperand(request.a(), "a", limits, lookup);
+  absl::StatusOr<Operand> a = CheckOperand(request.a(), "a", limits, lookup, shm);
   if (!a.ok()) return a.status();
-  absl::StatusOr<Operand> b = CheckOperand(request.b(), "b", limits, lookup);
+  absl::StatusOr<Operand> b = CheckOperand(request.b(), "b", limits, lookup, shm);
   if (!b.ok()) return b.status();
   if (a->dtype != b->dtype) {
     return Invalid("b.dtype", absl::StrCat("must match a.dtype (", ProtoDTypeName(ToProto(a->dtype)),
@@ -216,7 +257,7 @@ absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& 
 
   ValidatedRequest v;
   if (request.has_c()) {
-    absl::StatusOr<Operand> c = CheckOperand(request.c(), "c", limits, lookup);
+    absl::StatusOr<Operand> c = CheckOperand(request.c(), "c", limits, lookup, shm);
     if (!c.ok()) return c.status();
     if (c->dtype != p.output_type) {
       return Invalid("c.dtype", absl::StrCat("must be the output dtype (",
@@ -232,7 +273,8 @@ absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& 
         p.resident |= kResidentC;
         v.c_kept = std::move(c->kept);
       } else {
-        p.c = request.c().data().data();
+        p.c = c->data;
+        if (c->hold) v.holds.push_back(std::move(c->hold));
       }
     }
   } else if (p.beta != 0.0) {
@@ -244,13 +286,15 @@ absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& 
     p.resident |= kResidentA;
     v.a_kept = std::move(a->kept);
   } else {
-    p.a = request.a().data().data();
+    p.a = a->data;
+    if (a->hold) v.holds.push_back(std::move(a->hold));
   }
   if (b->by_handle) {
     p.resident |= kResidentB;
     v.b_kept = std::move(b->kept);
   } else {
-    p.b = request.b().data().data();
+    p.b = b->data;
+    if (b->hold) v.holds.push_back(std::move(b->hold));
   }
   if (request.store_result()) {
     if (!lookup) {
@@ -262,7 +306,17 @@ absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& 
 
   v.output_bytes = static_cast<uint64_t>(p.m) * static_cast<uint64_t>(p.n) *
                    ElementSize(p.output_type);
-  if (!v.keep_result && v.output_bytes > limits.max_response_bytes) {
+  if (request.has_output_shm()) {
+    if (v.keep_result) return Invalid("output_shm", "cannot be combined with store_result");
+    absl::StatusOr<SharedBytes> out =
+        CheckShared(request.output_shm(), "output_shm", v.output_bytes,
+                    absl::StrFormat("the %d x %d %s result", p.m, p.n, DTypeName(p.output_type)),
+                    shm);
+    if (!out.ok()) return out.status();
+    v.output_shm = out->data;
+    v.holds.push_back(std::move(out->hold));
+  }
+  if (!v.keep_result && v.output_shm == nullptr && v.output_bytes > limits.max_response_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("result of %d x %d %s is %d bytes, over the server's "
                         "max_response_bytes of %d",

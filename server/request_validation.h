@@ -15,10 +15,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/engine.h"
 #include "matmul/v1/matmul.pb.h"
+#include "server/shared_memory.h"
 
 namespace matmul::server {
 
@@ -48,6 +50,11 @@ struct KeptMatrix {
 using KeptMatrixLookup =
     std::function<absl::StatusOr<KeptMatrix>(absl::string_view field, absl::string_view id)>;
 
+// Finds the shared-memory bytes `ref` names for operand `field`
+// ("a.shm", "output_shm"): NOT_FOUND or INVALID_ARGUMENT naming the field.
+using SharedMemoryLookup =
+    std::function<absl::StatusOr<SharedBytes>(const v1::SharedMemoryRef& ref, const std::string& field)>;
+
 struct ValidatedRequest {
   // Pointers into the request's bytes; d is left null for the caller.
   // Operands given by handle have their kResident* bit set and no pointer.
@@ -58,16 +65,24 @@ struct ValidatedRequest {
   std::shared_ptr<StoredMatrix> a_kept, b_kept, c_kept;
   // The result is to be kept on the server (store_result).
   bool keep_result = false;
+  // Where the result goes when the request names output_shm (null
+  // otherwise).
+  void* output_shm = nullptr;
+  // Shared-memory regions the operands or result live in; hold them until
+  // the job ends.
+  std::vector<std::shared_ptr<const void>> holds;
 };
 
 // INVALID_ARGUMENT for malformed requests (message names the field and what
 // was expected); RESOURCE_EXHAUSTED for well-formed ones too big to ever run
 // here (message gives the sizes); NOT_FOUND for an unknown handle. Without
 // `lookup`, operands given by handle are INVALID_ARGUMENT (this server
-// keeps no matrices).
+// keeps no matrices); without `shm`, operands or results in shared memory
+// are INVALID_ARGUMENT (shared memory is off).
 absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const v1::MultiplyRequest& request,
                                                           const RequestLimits& limits,
-                                                          const KeptMatrixLookup& lookup = nullptr);
+                                                          const KeptMatrixLookup& lookup = nullptr,
+                                                          const SharedMemoryLookup& shm = nullptr);
 
 // Checks the shape and dtype of a matrix to keep (PutMatrix, the first
 // UploadMatrix chunk) and returns its size in bytes; INVALID_ARGUMENT

@@ -23,6 +23,7 @@
 #include "server/dynamic_batch_scheduler.h"
 #include "server/matmul_service.h"
 #include "server/matrix_store.h"
+#include "server/shared_memory.h"
 #include "server/metrics.h"
 #include "server/metrics_endpoint.h"
 
@@ -65,6 +66,9 @@ struct ServerConfig {
   // PutMatrix, handles and store_result off. enforce_owner follows
   // auth_tokens_file.
   MatrixStore::Options resident;
+  // Same-host clients may register POSIX shared memory for operands and
+  // results (RegisterSharedMemory).
+  bool shared_memory = false;
 };
 
 class MatmulServer {
@@ -110,6 +114,8 @@ class MatmulServer {
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   // Declared before the scheduler: it outlives the jobs that use it.
   std::unique_ptr<MatrixStore> store_;
+  // Registered shared-memory regions (when enabled); outlives the jobs.
+  std::unique_ptr<SharedMemoryRegistry> shared_memory_;
   std::unique_ptr<DynamicBatchScheduler> scheduler_;
   std::unique_ptr<MatmulServiceImpl> service_;
   std::unique_ptr<grpc::Server> grpc_server_;

@@ -6,11 +6,13 @@ import tempfile
 import threading
 import time
 import unittest
+from multiprocessing import shared_memory
 
 import grpc
 import numpy as np
 
-from matmul_client import MatmulClient, MatmulError, bfloat16_to_float32, float32_to_bfloat16
+from matmul_client import (MatmulClient, MatmulError, bfloat16_to_float32, float32_to_bfloat16,
+                           shm_matrix)
 from matmul.v1 import matmul_pb2
 
 BOUNDS = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 1e-2, "bfloat16": 1e-2}
@@ -237,6 +239,48 @@ class MatmulClientTest(unittest.TestCase):
         self.assertEqual(response.request_id, "timed")
         self.assertEqual(response.timing.device, f"{BACKEND}:0")
         self.assertGreaterEqual(response.timing.total_us, response.timing.compute_us)
+
+
+class SharedMemoryTest(unittest.TestCase):
+    """Operands and results through POSIX shared memory (same host)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.proc, cls.port, _ = start_server("--shared_memory")
+        cls.client = MatmulClient(f"127.0.0.1:{cls.port}", timeout=120)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.proc.terminate()
+        cls.proc.wait(timeout=120)
+
+    def test_operands_and_result_in_shared_memory(self):
+        rng = np.random.default_rng()
+        a, b = rand(rng, (40, 64)), rand(rng, (64, 24))
+        region = shared_memory.SharedMemory(create=True, size=1 << 20)
+        try:
+            buf = np.ndarray((1 << 20,), dtype=np.uint8, buffer=region.buf)
+            buf[:a.nbytes] = a.view(np.uint8).ravel()
+            buf[65536:65536 + b.nbytes] = b.view(np.uint8).ravel()
+            self.client.register_shared_memory("r", "/" + region.name, 1 << 20)
+            out = matmul_pb2.SharedMemoryRef(region="r", offset=131072, bytes=40 * 24 * 4)
+            response = self.client.multiply(self.client.build_request(
+                shm_matrix("r", 0, 40, 64, np.float32), shm_matrix("r", 65536, 64, 24, np.float32),
+                output_shm=out))
+            self.assertEqual(len(response.c.data), 0)
+            result = np.frombuffer(bytes(region.buf[131072:131072 + 40 * 24 * 4]),
+                                   dtype=np.float32).reshape(40, 24)
+            ref = a.astype(np.float64) @ b.astype(np.float64)
+            self.assertLess(rel_err(result, ref), BOUNDS[np.float32])
+            with self.assertRaises(MatmulError) as cm:
+                self.client.matmul(shm_matrix("r", (1 << 20) - 100, 40, 64, np.float32), b)
+            self.assertEqual(cm.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.client.unregister_shared_memory("r")
+            del buf
+        finally:
+            region.close()
+            region.unlink()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ holding raw bfloat16 bits; a bfloat16 result comes back as a float32 array
 ``raw_bfloat16=True``.
 """
 
-from .client import MatmulClient, MatmulError, bfloat16_to_float32, float32_to_bfloat16
+from .client import (MatmulClient, MatmulError, bfloat16_to_float32, float32_to_bfloat16,
+                     shm_matrix)
 
-__all__ = ["MatmulClient", "MatmulError", "bfloat16_to_float32", "float32_to_bfloat16"]
+__all__ = ["MatmulClient", "MatmulError", "bfloat16_to_float32", "float32_to_bfloat16",
+           "shm_matrix"]

@@ -95,10 +95,23 @@ def _handle_id(handle):
 
 
 def _operand(x, wire_dtype):
-    """An inline Matrix for an array; a by-handle Matrix for a MatrixHandle."""
+    """An inline Matrix for an array; a by-handle Matrix for a MatrixHandle; a
+    Matrix message (e.g. from shm_matrix) as it is."""
     if _is_handle(x):
         return matmul_pb2.Matrix(handle=x.id)
+    if isinstance(x, matmul_pb2.Matrix):
+        return x
     return _to_matrix(x, wire_dtype)
+
+
+def shm_matrix(region, offset, rows, cols, dtype):
+    """An operand whose bytes are in a registered shared-memory region (same host;
+    see MatmulClient.register_shared_memory), row-major, little-endian."""
+    wire = _wire_dtype(dtype)
+    size = np.dtype(_NUMPY_OF[wire]).itemsize
+    return matmul_pb2.Matrix(rows=rows, cols=cols, dtype=wire,
+                             shm=matmul_pb2.SharedMemoryRef(region=region, offset=offset,
+                                                            bytes=rows * cols * size))
 
 
 class MatmulClient:
@@ -175,7 +188,8 @@ class MatmulClient:
 
     def build_request(self, a, b, *, transpose_a=False, transpose_b=False, precision="default",
                       c=None, alpha=1.0, beta=0.0, dtype=None, output_dtype=None, priority=0,
-                      request_id="", store_result=False, result_ttl_seconds=0):
+                      request_id="", store_result=False, result_ttl_seconds=0,
+                      output_shm=None):
         """The MultiplyRequest that matmul() sends (for streams and raw calls).
 
         ``a``, ``b`` and ``c`` are arrays, or MatrixHandles of matrices kept on the
@@ -183,8 +197,9 @@ class MatmulClient:
         if dtype is not None:
             wire = _wire_dtype(dtype)
         else:
-            kept = next((x for x in (a, b) if _is_handle(x)), None)
-            wire = kept.dtype if kept is not None else _wire_dtype(np.asarray(a).dtype)
+            described = next((x for x in (a, b)
+                              if _is_handle(x) or isinstance(x, matmul_pb2.Matrix)), None)
+            wire = described.dtype if described is not None else _wire_dtype(np.asarray(a).dtype)
         out = _wire_dtype(output_dtype)
         request = matmul_pb2.MultiplyRequest(
             a=_operand(a, wire), b=_operand(b, wire), transpose_a=transpose_a,
@@ -195,6 +210,8 @@ class MatmulClient:
             result_ttl_seconds=result_ttl_seconds)
         if c is not None:
             request.c.CopyFrom(_operand(c, out or wire))
+        if output_shm is not None:
+            request.output_shm.CopyFrom(output_shm)
         return request
 
     def matmul(self, a, b, *, transpose_a=False, transpose_b=False, precision="default", c=None,
@@ -256,6 +273,19 @@ class MatmulClient:
         """Deletes a kept matrix (a MatrixHandle or its id)."""
         self._call(self._stub.DeleteMatrix, matmul_pb2.DeleteMatrixRequest(id=_handle_id(handle)),
                    timeout)
+
+    def register_shared_memory(self, name, key, byte_size, offset=0, timeout=None):
+        """Lets the server map [offset, offset + byte_size) of the POSIX shared-memory
+        object ``key`` ("/name"; for multiprocessing.shared_memory.SharedMemory that is
+        "/" + shm.name) as region ``name``, for shm_matrix operands and output_shm
+        results. Same host only; the server must run with --shared_memory."""
+        self._call(self._stub.RegisterSharedMemory,
+                   matmul_pb2.RegisterSharedMemoryRequest(name=name, key=key, offset=offset,
+                                                          byte_size=byte_size), timeout)
+
+    def unregister_shared_memory(self, name, timeout=None):
+        self._call(self._stub.UnregisterSharedMemory,
+                   matmul_pb2.UnregisterSharedMemoryRequest(name=name), timeout)
 
     def list_matrices(self, timeout=None):
         """The caller's kept matrices, as MatrixHandles."""
