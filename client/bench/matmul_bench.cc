@@ -13,10 +13,15 @@
 // GB/s (request plus response matrix bytes), effective TFLOP/s, and latency
 // percentiles; rows go to a table and to JSON (client/bench/plot_bench.py
 // draws latency against throughput from it).
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -68,7 +73,8 @@ ABSL_FLAG(std::string, json, "", "Append rows to this JSON-lines file.");
 ABSL_FLAG(bool, verify, true, "Check one response per shape against a float64 reference first.");
 ABSL_FLAG(std::string, operands, "inline",
           "Comma list: inline (every request carries A and B), resident (B is stored on the "
-          "server once with PutMatrix and named by handle; only A and the result travel).");
+          "server once with PutMatrix and named by handle; only A and the result travel), shm "
+          "(operands and results in POSIX shared memory; same host, server with --shared_memory).");
 ABSL_FLAG(int, chain_length, 10, "chain: products in the chain.");
 
 namespace matmul::bench {
@@ -209,6 +215,65 @@ Workload MakeWorkload(const std::string& shape, DType dtype, std::mt19937_64& rn
   }
   w.inline_requests = w.requests;
   return w;
+}
+
+// Puts every operand and result of `w` in one POSIX shared-memory object
+// registered with the server (same host only): nothing but the request's
+// description travels. Results of concurrent calls for the same pool entry
+// land in the same bytes (a benchmark does not read them).
+absl::Status MakeShared(client::MatmulClient& c, Workload& w) {
+  uint64_t total = 0;
+  auto aligned = [](uint64_t v) { return (v + 4095) / 4096 * 4096; };
+  for (const v1::MultiplyRequest& r : w.requests) {
+    total += aligned(r.a().data().size()) + aligned(r.b().data().size());
+    total += aligned(w.bytes[&r - w.requests.data()] - r.a().data().size() - r.b().data().size());
+  }
+  const std::string key = absl::StrCat("/matmul-bench-", getpid(), "-", w.shape);
+  shm_unlink(key.c_str());
+  const int fd = shm_open(key.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(total)) != 0) {
+    return absl::InternalError(absl::StrCat("shm_open ", key, ": ", std::strerror(errno)));
+  }
+  auto* base = static_cast<uint8_t*>(mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  if (base == MAP_FAILED) return absl::InternalError("mmap of the benchmark's shared memory");
+  grpc::ClientContext context;
+  c.PrepareContext(&context);
+  v1::RegisterSharedMemoryRequest reg;
+  reg.set_name(key);
+  reg.set_key(key);
+  reg.set_byte_size(total);
+  v1::RegisterSharedMemoryResponse unused;
+  if (absl::Status st = client::FromGrpc(c.stub()->RegisterSharedMemory(&context, reg, &unused));
+      !st.ok()) {
+    return st;
+  }
+  shm_unlink(key.c_str());  // The server has it mapped; the name is no longer needed.
+  uint64_t offset = 0;
+  auto place = [&](v1::Matrix* m) {
+    std::memcpy(base + offset, m->data().data(), m->data().size());
+    v1::SharedMemoryRef* ref = m->mutable_shm();
+    ref->set_region(key);
+    ref->set_offset(offset);
+    ref->set_bytes(m->data().size());
+    offset += aligned(m->data().size());
+    m->clear_data();
+  };
+  for (size_t i = 0; i < w.requests.size(); ++i) {
+    v1::MultiplyRequest& r = w.requests[i];
+    const uint64_t out = w.bytes[i] - r.a().data().size() - r.b().data().size();
+    place(r.mutable_a());
+    place(r.mutable_b());
+    v1::SharedMemoryRef* ref = r.mutable_output_shm();
+    ref->set_region(key);
+    ref->set_offset(offset);
+    ref->set_bytes(out);
+    offset += aligned(out);
+    w.echoes[i].clear_payload();
+    w.echoes[i].set_response_bytes(0);
+  }
+  w.operands = "shm";
+  return absl::OkStatus();
 }
 
 // Stores every distinct B of `w` on the server and names it by handle in
@@ -584,11 +649,16 @@ int Run(bool open) {
           std::fprintf(stderr, "matmul-bench: storing B: %s\n", s.ToString().c_str());
           return 1;
         }
+      } else if (operands == "shm") {
+        if (absl::Status s = MakeShared(**c, w); !s.ok()) {
+          std::fprintf(stderr, "matmul-bench: shared memory: %s\n", s.ToString().c_str());
+          return 1;
+        }
       } else if (operands != "inline") {
-        std::fprintf(stderr, "matmul-bench: --operands takes inline or resident\n");
+        std::fprintf(stderr, "matmul-bench: --operands takes inline, resident or shm\n");
         return 2;
       }
-      if (absl::GetFlag(FLAGS_verify)) {
+      if (absl::GetFlag(FLAGS_verify) && w.operands != "shm") {
         auto response = (*c)->Multiply(w.requests.front());
         absl::StatusOr<double> err =
             response.ok() ? client::CheckResponse(w.inline_requests.front(), *response)
@@ -605,7 +675,9 @@ int Run(bool open) {
         r.label = absl::GetFlag(FLAGS_label);
         r.target = target;
         r.mode = mode;
-        r.shape = w.operands == "resident" ? absl::StrCat(shape, "/res") : shape;
+        r.shape = w.operands == "resident" ? absl::StrCat(shape, "/res")
+                  : w.operands == "shm"      ? absl::StrCat(shape, "/shm")
+                                             : shape;
         r.dtype = std::string(DTypeName(*dtype));
         Print(r);
       };
