@@ -123,8 +123,7 @@ absl::StatusOr<double> CheckResponse(const v1::MultiplyRequest& request,
     return absl::InternalError(
         absl::StrFormat("result has %d bytes, expected %d", c.data().size(), bytes));
   }
-  const std::vector<double> ref = ReferenceGemm(*p);
-  return RelativeError(ref, c.data().data(), p->output_type);
+  return GemmRelativeError(*p, c.data().data());
 }
 
 }  // namespace matmul::client

@@ -1,5 +1,6 @@
 #include "kernels/reference_gemm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -116,6 +117,39 @@ double RelativeError(const std::vector<double>& ref, const void* out, DType type
   }
   if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
   return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+double GemmRelativeError(const GemmProblem& p, const void* out) {
+  const std::vector<double> ref = ReferenceGemm(p);
+  const size_t m = p.m, n = p.n, k = p.k;
+  const std::vector<double> a = ToDouble(p.a, p.input_type, m * k);
+  const std::vector<double> b = ToDouble(p.b, p.input_type, k * n);
+  const size_t lda = LeadingDimA(p), ldb = LeadingDimB(p);
+  double scale = 0.0;
+  std::vector<double> c;
+  if (p.beta != 0.0) c = ToDouble(p.c, p.output_type, m * n);
+  for (size_t i = 0; i < m; ++i) {
+    for (size_t j = 0; j < n; ++j) {
+      double terms = 0.0;
+      for (size_t l = 0; l < k; ++l) {
+        const double av = p.transpose_a ? a[l * lda + i] : a[i * lda + l];
+        const double bv = p.transpose_b ? b[j * ldb + l] : b[l * ldb + j];
+        terms += av * bv * av * bv;
+      }
+      scale += p.alpha * p.alpha * terms;
+      if (p.beta != 0.0) scale += p.beta * p.beta * c[i * n + j] * c[i * n + j];
+    }
+  }
+  const std::vector<double> got = ToDouble(out, p.output_type, m * n);
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i]) && std::isfinite(ref[i])) return std::numeric_limits<double>::infinity();
+    diff += (got[i] - ref[i]) * (got[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
+  const double denominator = std::sqrt(std::max(norm, scale));
+  return denominator > 0.0 ? std::sqrt(diff) / denominator : std::sqrt(diff);
 }
 
 double ErrorBound(DType input, DType output, Precision precision) {

@@ -39,6 +39,16 @@ std::vector<double> ReferenceGemm(const GemmProblem& p);
 // finite, and the absolute norm when ||ref|| is 0.
 double RelativeError(const std::vector<double>& ref, const void* out, DType type);
 
+// The relative error of `out` (p.output_type, m x n) for problem `p`:
+// ||out - ref||_2 / max(||ref||_2, ||scale||_2), where ref is ReferenceGemm
+// and scale_ij = sqrt(alpha^2 sum_l (a_il b_lj)^2 + beta^2 c_ij^2), the size
+// of the independent terms whose rounding errors add up. For random inputs
+// the two norms are alike; the scale only matters when the terms cancel
+// (e.g. a 1x1x1 product with alpha*a*b close to -beta*c), where an error
+// relative to the tiny ||ref|| would blame the kernel for its inputs'
+// rounding.
+double GemmRelativeError(const GemmProblem& p, const void* out);
+
 // The bound a correct result of this precision class stays under, for
 // inputs in [-1, 1): float64 1e-12, float32 1e-5, TF32 2e-3, 16-bit 1e-2
 // (output rounding included).

@@ -50,5 +50,39 @@ TEST(ReferenceGemmTest, RelativeErrorCatchesNaNAndMeasuresDistance) {
   EXPECT_TRUE(std::isinf(RelativeError(ref, nan, DType::kFloat32)));
 }
 
+
+TEST(ReferenceGemmTest, GemmRelativeErrorScalesByTheTermsWhenTheyCancel) {
+  // 1x1x1: alpha*a*b + beta*c = 1.5*0.5*0.5 + 0.25*(-1.49) = 0.0025, terms
+  // of size ~0.4: an output off by 1e-4 is 4% of the result but 2.7e-4 of
+  // the terms whose rounding produced it.
+  const float a = 0.5f, b = 0.5f, c = -1.49f;
+  GemmProblem p;
+  p.m = p.n = p.k = 1;
+  p.alpha = 1.5;
+  p.beta = 0.25;
+  p.a = &a;
+  p.b = &b;
+  p.c = &c;
+  const double ref = 1.5 * 0.25 + 0.25 * -1.49;
+  const float off = static_cast<float>(ref + 1e-4);
+  EXPECT_GT(RelativeError({ref}, &off, DType::kFloat32), 0.03);
+  EXPECT_LT(GemmRelativeError(p, &off), 3e-4);
+  // Without cancellation it is the plain relative error: a wrong result
+  // is still caught.
+  std::mt19937_64 rng(1);
+  const std::vector<uint8_t> x = RandomMatrix(DType::kFloat32, 64 * 64, rng);
+  const std::vector<uint8_t> y = RandomMatrix(DType::kFloat32, 64 * 64, rng);
+  GemmProblem q;
+  q.m = q.n = q.k = 64;
+  q.a = x.data();
+  q.b = y.data();
+  const std::vector<double> r = ReferenceGemm(q);
+  std::vector<float> wrong(r.begin(), r.end());
+  wrong[100] += 1.0f;
+  EXPECT_GT(GemmRelativeError(q, wrong.data()), 1e-3);
+  const std::vector<float> right(r.begin(), r.end());
+  EXPECT_LT(GemmRelativeError(q, right.data()), 1e-6);
+}
+
 }  // namespace
 }  // namespace matmul

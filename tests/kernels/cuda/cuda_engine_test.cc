@@ -46,7 +46,7 @@ Owned MakeOwned(int64_t m, int64_t n, int64_t k, DType in, DType out, std::mt199
 }
 
 void ExpectCorrect(const Owned& o, const std::string& what) {
-  const double err = RelativeError(ReferenceGemm(o.p), o.d.data(), o.p.output_type);
+  const double err = GemmRelativeError(o.p, o.d.data());
   EXPECT_LE(err, ErrorBound(o.p.input_type, o.p.output_type, o.p.precision)) << what;
 }
 
