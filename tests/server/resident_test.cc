@@ -155,7 +155,7 @@ TEST(ResidentTest, BadHandlesAreClearErrorsAndServingGoesOn) {
   r.mutable_b()->set_handle(b->id());  // Data and handle both.
   response = c->Multiply(r);
   EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(response.status().message(), HasSubstr("b.data: must be empty"));
+  EXPECT_THAT(response.status().message(), HasSubstr("b: give exactly one of data, handle and shm"));
 
   r = good;
   *r.mutable_b() = ByHandle(b->id());
