@@ -74,12 +74,14 @@ std::vector<uint8_t> RandomMatrix(DType type, size_t n, std::mt19937_64& rng) {
   return out;
 }
 
-std::vector<double> ReferenceGemm(const GemmProblem& p) {
+namespace {
+
+// op(A) * op(B) in float64 over dense row-major storage of `a` and `b`
+// (already widened), m x n; row-wise so that B is read along its rows.
+std::vector<double> Product(const GemmProblem& p, const std::vector<double>& a,
+                            const std::vector<double>& b) {
   const size_t m = p.m, n = p.n, k = p.k;
-  const std::vector<double> a = ToDouble(p.a, p.input_type, m * k);
-  const std::vector<double> b = ToDouble(p.b, p.input_type, k * n);
   std::vector<double> out(m * n, 0.0);
-  // op(A)[i][l] and op(B)[l][j] over dense row-major storage.
   const size_t lda = LeadingDimA(p), ldb = LeadingDimB(p);
   std::vector<double> row(k);
   for (size_t i = 0; i < m; ++i) {
@@ -95,6 +97,15 @@ std::vector<double> ReferenceGemm(const GemmProblem& p) {
       }
     }
   }
+  return out;
+}
+
+}  // namespace
+
+std::vector<double> ReferenceGemm(const GemmProblem& p) {
+  const size_t m = p.m, n = p.n, k = p.k;
+  std::vector<double> out =
+      Product(p, ToDouble(p.a, p.input_type, m * k), ToDouble(p.b, p.input_type, k * n));
   std::vector<double> c;
   if (p.beta != 0.0) c = ToDouble(p.c, p.output_type, m * n);
   for (size_t i = 0; i < m * n; ++i) {
@@ -120,24 +131,22 @@ double RelativeError(const std::vector<double>& ref, const void* out, DType type
 }
 
 double GemmRelativeError(const GemmProblem& p, const void* out) {
-  const std::vector<double> ref = ReferenceGemm(p);
   const size_t m = p.m, n = p.n, k = p.k;
-  const std::vector<double> a = ToDouble(p.a, p.input_type, m * k);
-  const std::vector<double> b = ToDouble(p.b, p.input_type, k * n);
-  const size_t lda = LeadingDimA(p), ldb = LeadingDimB(p);
-  double scale = 0.0;
+  std::vector<double> a = ToDouble(p.a, p.input_type, m * k);
+  std::vector<double> b = ToDouble(p.b, p.input_type, k * n);
+  std::vector<double> ref = Product(p, a, b);
+  for (double& v : a) v *= v;
+  for (double& v : b) v *= v;
+  const std::vector<double> squares = Product(p, a, b);  // sum_l a_il^2 b_lj^2
   std::vector<double> c;
   if (p.beta != 0.0) c = ToDouble(p.c, p.output_type, m * n);
-  for (size_t i = 0; i < m; ++i) {
-    for (size_t j = 0; j < n; ++j) {
-      double terms = 0.0;
-      for (size_t l = 0; l < k; ++l) {
-        const double av = p.transpose_a ? a[l * lda + i] : a[i * lda + l];
-        const double bv = p.transpose_b ? b[j * ldb + l] : b[l * ldb + j];
-        terms += av * bv * av * bv;
-      }
-      scale += p.alpha * p.alpha * terms;
-      if (p.beta != 0.0) scale += p.beta * p.beta * c[i * n + j] * c[i * n + j];
+  double scale = 0.0;
+  for (size_t i = 0; i < m * n; ++i) {
+    ref[i] *= p.alpha;
+    scale += p.alpha * p.alpha * squares[i];
+    if (p.beta != 0.0) {
+      ref[i] += p.beta * c[i];
+      scale += p.beta * p.beta * c[i] * c[i];
     }
   }
   const std::vector<double> got = ToDouble(out, p.output_type, m * n);

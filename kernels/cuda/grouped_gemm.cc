@@ -413,8 +413,13 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     if (tiles_for(kHopperWideN) < 2 * num_sms_) tile_n = kHopperNarrowN;
     const int64_t total = tiles_for(tile_n);
     if (total > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
-    // Table, offsets and zeroed flags in one host buffer, one copy.
-    const size_t table_bytes = layout.hopper_maps - layout.hopper_table;
+    // Table, offsets, zeroed flags and zeroed tensor-map slots in one host
+    // buffer, one copy. The map slots are overwritten by the kernel; zeroing
+    // them costs 256 bytes a problem and keeps compute-sanitizer's initcheck
+    // from reporting the tensormap publish (which it models as a read of the
+    // destination) as a read of uninitialised memory.
+    const size_t table_bytes =
+        layout.hopper_maps + hopper.size() * 2 * sizeof(CUtensorMap) - layout.hopper_table;
     std::vector<uint8_t> host(table_bytes, 0);
     std::memcpy(host.data(), hopper.data(), hopper.size() * sizeof(DeviceGemmProblem));
     auto* offsets = reinterpret_cast<int32_t*>(host.data() + layout.hopper_offsets - layout.hopper_table);

@@ -35,17 +35,17 @@ run() {  # name, timeout, tool flags..., --, command...
   [[ $rc -eq 0 ]] || failed=1
   summary+=("$(printf '%-28s rc=%-3s %4ss  %-26s %s' "$name" "$rc" "$((SECONDS - start))" "${errors:-no summary}" "$tests")")
 }
-run memcheck_kernels 150 --tool memcheck --leak-check full -- \
+run memcheck_kernels 120 --tool memcheck --leak-check full -- \
     "$bin/grouped_gemm_test" --gtest_brief=1 --gtest_filter="$kernel_filter"
-run memcheck_engine 90 --tool memcheck --leak-check full -- \
+run memcheck_engine 80 --tool memcheck --leak-check full -- \
     "$bin/cuda_engine_test" --gtest_brief=1 --gtest_filter="$engine_filter"
-run racecheck_kernels 170 --tool racecheck --racecheck-report hazard -- \
+run racecheck_kernels 150 --tool racecheck --racecheck-report hazard -- \
     "$bin/grouped_gemm_test" --gtest_brief=1 \
     --gtest_filter='GroupedGemmTest.OutputTypes:GroupedGemmTest.UnalignedRowsTakeTheSimtPath:GroupedGemmTest.OddShapesTransposesAndScalars'
-run synccheck_kernels 70 --tool synccheck -- \
+run synccheck_kernels 60 --tool synccheck -- \
     "$bin/grouped_gemm_test" --gtest_brief=1 \
     --gtest_filter='GroupedGemmTest.OutputTypes:GroupedGemmTest.OddShapesTransposesAndScalars'
-run initcheck_kernels 70 --tool initcheck -- \
+run initcheck_kernels 60 --tool initcheck -- \
     "$bin/grouped_gemm_test" --gtest_brief=1 \
     --gtest_filter='GroupedGemmTest.OutputTypes:GroupedGemmTest.UnalignedRowsTakeTheSimtPath'
 for f in "$out"/*.log; do
