@@ -43,6 +43,30 @@ def main(out):
     bad.a.data = bad.a.data[:-1]
     with open(os.path.join(out, "bad-short"), "wb") as f:
         f.write(bad.SerializeToString())
+    # Kept matrices ("k1" is 8 x 8 float32 in the fuzzer's stand-in store) and
+    # shared memory (region "s"), with and without store_result. Padded to an
+    # even length where needed: the fuzzer enables them for even inputs.
+    f32 = pb.DTYPE_FLOAT32
+    extras = [
+        pb.MultiplyRequest(a=matrix(4, 8, f32, rng), b=pb.Matrix(handle="k1")),
+        pb.MultiplyRequest(a=pb.Matrix(handle="k1"), b=pb.Matrix(handle="k1"), store_result=True),
+        pb.MultiplyRequest(a=pb.Matrix(rows=4, cols=8, dtype=f32,
+                                       shm=pb.SharedMemoryRef(region="s", offset=64, bytes=128)),
+                           b=pb.Matrix(handle="k1"),
+                           output_shm=pb.SharedMemoryRef(region="s", offset=4096, bytes=128)),
+        pb.MultiplyRequest(a=matrix(8, 8, f32, rng), b=matrix(8, 8, f32, rng),
+                           c=pb.Matrix(handle="k1"), beta=1.0),
+    ]
+    for i, r in enumerate(extras):
+        data = r.SerializeToString()
+        if len(data) % 2:
+            r.request_id = "x"
+            data = r.SerializeToString()
+        if len(data) % 2:
+            r.request_id = "xx"
+            data = r.SerializeToString()
+        with open(os.path.join(out, f"extra-{i}"), "wb") as f:
+            f.write(data)
 
 
 if __name__ == "__main__":
