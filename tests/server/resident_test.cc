@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <random>
 #include <thread>
 
@@ -25,12 +26,32 @@ using ::testing::HasSubstr;
 using matmul::testing::HttpGet;
 using matmul::testing::MetricSum;
 
+// MATMUL_TEST_BACKEND=cuda runs these against the GPU engine (on the GPU
+// machine); the default is the CPU engine.
+std::string Backend() {
+  const char* b = std::getenv("MATMUL_TEST_BACKEND");
+  return b != nullptr && *b != '\0' ? b : "cpu";
+}
+
+// The device id the first kept matrix lands on.
+std::string FirstDevice() { return Backend() + ":0"; }
+
+// Bytes a kept matrix of `bytes` holds on its device: the CUDA engine pads
+// rows to 16 bytes and allocations to 256.
+double Held(uint64_t rows, uint64_t row_bytes) {
+  if (Backend() != "cuda") return static_cast<double>(rows * row_bytes);
+  const uint64_t padded = (row_bytes + 15) / 16 * 16;
+  return static_cast<double>((rows * padded + 255) / 256 * 256);
+}
+
 ServerConfig LoopbackConfig() {
   ServerConfig config;
   config.listen = "127.0.0.1:0";
   config.metrics_listen = "127.0.0.1:0";
-  config.engine.backend = "cpu";
+  config.engine.backend = Backend();
+  config.engine.gpu_memory_fraction = 0.2;
   config.resident.max_bytes = 64 << 20;
+  config.engine.gpu_resident_bytes = 72 << 20;
   return config;
 }
 
@@ -104,7 +125,7 @@ TEST(ResidentTest, OperandsByHandleGiveTheInlineResultForEveryDType) {
       EXPECT_EQ(b->cols(), inline_request.b().cols());
       EXPECT_EQ(b->dtype(), inline_request.b().dtype());
       EXPECT_EQ(b->bytes(), inline_request.b().data().size());
-      EXPECT_EQ(b->device(), "cpu:0");
+      EXPECT_EQ(b->device(), FirstDevice());
       EXPECT_GT(b->expire_time_ms(), 0);
       for (int operands = 0; operands < 3; ++operands) {
         v1::MultiplyRequest request = inline_request;
@@ -223,7 +244,7 @@ TEST(ResidentTest, ExpiredMatricesAreNotFoundAndFreed) {
   EXPECT_EQ((*list)[0].id(), long_lived->id());
   // The sweeper freed it (within a second of expiry).
   while (Metric(*server, "matmul_resident_matrices") != 1) absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_EQ(Metric(*server, "matmul_resident_bytes"), static_cast<double>(m.data().size()));
+  EXPECT_EQ(Metric(*server, "matmul_resident_bytes"), Held(64, 64 * 4));
 }
 
 TEST(ResidentTest, ChunkedUploadOfAMatrixLargerThanTheMessageLimit) {
@@ -298,7 +319,7 @@ TEST(ResidentTest, UploadsThatBreakTheirShapeAreRefused) {
   absl::StatusOr<std::vector<v1::MatrixHandle>> list = c->ListMatrices();
   ASSERT_TRUE(list.ok());
   EXPECT_EQ(list->size(), 1u);
-  EXPECT_EQ(Metric(*server, "matmul_resident_bytes"), 64);
+  EXPECT_EQ(Metric(*server, "matmul_resident_bytes"), Held(4, 16));
 }
 
 TEST(ResidentTest, AFullStoreRefusesWithTheSizesAndDeletingMakesRoom) {
@@ -424,6 +445,7 @@ TEST(ResidentTest, StreamsTakeHandlesAndKeepResults) {
 TEST(ResidentTest, ConcurrentCallersSharingAKeptOperandAcrossTwoWorkers) {
   ServerConfig config = LoopbackConfig();
   config.engine.cpu_workers = 2;  // Two devices: batches may copy B to cpu:1.
+  config.engine.cuda_devices = {0, 0};  // On a GPU: two workers of one GPU.
   config.engine.cpu_threads = 1;
   auto server = StartServer(config);
   auto c = Connect(*server);
@@ -454,8 +476,8 @@ TEST(ResidentTest, ConcurrentCallersSharingAKeptOperandAcrossTwoWorkers) {
   EXPECT_EQ(correct.load(), 8 * 20);
   // However the batches spread, each device holds B at most once.
   const double held = Metric(*server, "matmul_resident_bytes");
-  EXPECT_GE(held, static_cast<double>(b.data().size()));
-  EXPECT_LE(held, 2.0 * b.data().size());
+  EXPECT_GE(held, Held(96, 80 * 2));
+  EXPECT_LE(held, 2.0 * Held(96, 80 * 2));
 }
 
 TEST(ResidentTest, ServerInfoAndMetricsDescribeTheStore) {
@@ -469,7 +491,8 @@ TEST(ResidentTest, ServerInfoAndMetricsDescribeTheStore) {
   ASSERT_TRUE(c->PutMatrix(m).ok());
   ASSERT_TRUE(c->PutMatrix(m).ok());
   EXPECT_EQ(Metric(*server, "matmul_resident_matrices"), 2);
-  EXPECT_EQ(Metric(*server, "matmul_resident_bytes{device=\"cpu:0\"}"), 2 * 10 * 30 * 8);
+  EXPECT_EQ(Metric(*server, "matmul_resident_bytes{device=\"" + FirstDevice() + "\"}"),
+            2 * Held(10, 30 * 8));
   EXPECT_EQ(Metric(*server, "matmul_resident_stored_bytes_total"), 2 * 10 * 30 * 8);
   EXPECT_GE(Metric(*server, "matmul_requests_total{code=\"OK\",method=\"PutMatrix\"}"), 2);
 }
