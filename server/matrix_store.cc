@@ -310,22 +310,25 @@ absl::Status MatrixStore::Read(const StoredMatrix& matrix, std::string* out) {
 
 absl::StatusOr<std::shared_ptr<StoredMatrix::Copy>> MatrixStore::CopyOn(StoredMatrix& matrix,
                                                                         int device) {
-  // One lock per matrix: concurrent batches wanting it on the same device
-  // make one copy between them.
-  absl::MutexLock lock(&matrix.mu_);
-  auto found = matrix.copies_.find(device);
-  if (found != matrix.copies_.end()) return found->second;
   std::shared_ptr<StoredMatrix::Copy> source;
-  for (const auto& [d, c] : matrix.copies_) {
-    if (engines_[d]->Healthy()) {
-      source = c;
-      break;
+  {
+    absl::MutexLock lock(&matrix.mu_);
+    auto found = matrix.copies_.find(device);
+    if (found != matrix.copies_.end()) return found->second;
+    for (const auto& [d, c] : matrix.copies_) {
+      if (engines_[d]->Healthy()) {
+        source = c;
+        break;
+      }
     }
   }
   if (source == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("matrix ", matrix.id(), " is held only by a failed device"));
   }
+  // The copy is made without the matrix's lock (the scheduler reads it to
+  // place batches); two batches racing here make one copy each and the
+  // second is dropped.
   std::string host(matrix.bytes(), '\0');
   if (absl::Status s = engines_[source->device]->ReadResident(*source->matrix, host.data()); !s.ok()) {
     return s;
@@ -334,8 +337,9 @@ absl::StatusOr<std::shared_ptr<StoredMatrix::Copy>> MatrixStore::CopyOn(StoredMa
       engines_[device]->CreateResident(matrix.rows(), matrix.cols(), matrix.dtype(), host.data());
   if (!copy.ok()) return copy.status();
   auto made = std::make_shared<StoredMatrix::Copy>(*std::move(copy), device, metrics_, device_bytes_);
-  matrix.copies_[device] = made;
-  return made;
+  absl::MutexLock lock(&matrix.mu_);
+  auto [it, inserted] = matrix.copies_.emplace(device, made);
+  return it->second;
 }
 
 absl::Status MatrixStore::Delete(const std::string& owner, absl::string_view id) {
