@@ -11,7 +11,8 @@
 #   render) or build their own sanitized binary (the fuzzer). Leaks are
 #   checked; the one suppression (tests/lsan.supp) is inside c-ares, the
 #   resolver Debian's gRPC links.
-# thread: the scheduler and the job queue (the server's own concurrency)
+# thread: the scheduler, the job queue and the matrix store (the server's
+#   own concurrency)
 #   under -fsanitize=thread. TSan needs every library that synchronises to
 #   be instrumented; Debian ships Abseil uninstrumented, so this stage
 #   builds Abseil from Debian's own source package (same version as
@@ -91,11 +92,11 @@ case "$mode" in
     cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMATMUL_CUDA=OFF \
         -DMATMUL_SANITIZE=thread -DMATMUL_BUILD_TESTS=ON \
         -Dabsl_DIR="$absl_prefix/lib/cmake/absl" >/dev/null
-    cmake --build "$build" -j "$jobs" --target dynamic_batch_scheduler_test job_queue_test \
+    cmake --build "$build" -j "$jobs" --target dynamic_batch_scheduler_test job_queue_test matrix_store_test \
         >"$build/sanitizer-build.log" 2>&1 || { tail -40 "$build/sanitizer-build.log"; exit 1; }
     export TSAN_OPTIONS="suppressions=$root/tests/tsan.supp:halt_on_error=1:second_deadlock_stack=1"
     # Several repetitions: races show up in some interleavings only.
-    for test in dynamic_batch_scheduler_test job_queue_test; do
+    for test in dynamic_batch_scheduler_test job_queue_test matrix_store_test; do
       "$build/tests/$test" --gtest_repeat=3 --gtest_brief=1
     done
     log "TSan concurrency tests clean in $((SECONDS - start)) s"
