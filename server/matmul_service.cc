@@ -560,19 +560,38 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::GetServerInfo(grpc::CallbackServerC
   return reactor;
 }
 
-absl::StatusOr<std::string> MatmulServiceImpl::StoreCaller(
-    const grpc::CallbackServerContext& context) {
+absl::StatusOr<std::string> MatmulServiceImpl::FeatureCaller(
+    const grpc::CallbackServerContext& context, bool enabled, absl::string_view off) {
   if (draining_.load()) return ShuttingDown();
   absl::StatusOr<std::string> client = Identify(context);
   if (!client.ok()) {
     metrics_->Rejected(RejectReason::kUnauthenticated);
     return client.status();
   }
-  if (options_.store == nullptr) {
-    return absl::FailedPreconditionError(
-        "this server keeps no matrices (started with --resident_bytes=0)");
-  }
+  if (!enabled) return absl::FailedPreconditionError(off);
   return client;
+}
+
+absl::StatusOr<std::string> MatmulServiceImpl::StoreCaller(
+    const grpc::CallbackServerContext& context) {
+  return FeatureCaller(context, options_.store != nullptr,
+                       "this server keeps no matrices (started with --resident_bytes=0)");
+}
+
+absl::StatusOr<std::string> MatmulServiceImpl::SharedMemoryCaller(
+    const grpc::CallbackServerContext& context) {
+  return FeatureCaller(context, options_.shared_memory != nullptr,
+                       "shared memory is off on this server (start it with --shared_memory)");
+}
+
+grpc::ServerUnaryReactor* MatmulServiceImpl::FinishUnary(grpc::CallbackServerContext* context,
+                                                         absl::string_view method,
+                                                         const absl::Status& status,
+                                                         absl::Time arrival) {
+  Record(method, status, arrival);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* MatmulServiceImpl::PutMatrix(grpc::CallbackServerContext* context,
@@ -603,10 +622,7 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::PutMatrix(grpc::CallbackServerConte
     *response = *std::move(handle);
     return absl::OkStatus();
   }();
-  Record("PutMatrix", status, arrival);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+  return FinishUnary(context, "PutMatrix", status, arrival);
 }
 
 grpc::ServerReadReactor<v1::UploadMatrixChunk>* MatmulServiceImpl::UploadMatrix(
@@ -628,10 +644,7 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::DeleteMatrix(grpc::CallbackServerCo
     if (!client.ok()) return client.status();
     return options_.store->Delete(*client, request->id());
   }();
-  Record("DeleteMatrix", status, arrival);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+  return FinishUnary(context, "DeleteMatrix", status, arrival);
 }
 
 grpc::ServerUnaryReactor* MatmulServiceImpl::ListMatrices(grpc::CallbackServerContext* context,
@@ -644,10 +657,7 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::ListMatrices(grpc::CallbackServerCo
     for (v1::MatrixHandle& h : options_.store->List(*client)) *response->add_matrices() = std::move(h);
     return absl::OkStatus();
   }();
-  Record("ListMatrices", status, arrival);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+  return FinishUnary(context, "ListMatrices", status, arrival);
 }
 
 grpc::ServerUnaryReactor* MatmulServiceImpl::RegisterSharedMemory(
@@ -660,10 +670,7 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::RegisterSharedMemory(
     return options_.shared_memory->Register(*client, request->name(), request->key(),
                                             request->offset(), request->byte_size());
   }();
-  Record("RegisterSharedMemory", status, arrival);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+  return FinishUnary(context, "RegisterSharedMemory", status, arrival);
 }
 
 grpc::ServerUnaryReactor* MatmulServiceImpl::UnregisterSharedMemory(
@@ -675,25 +682,7 @@ grpc::ServerUnaryReactor* MatmulServiceImpl::UnregisterSharedMemory(
     if (!client.ok()) return client.status();
     return options_.shared_memory->Unregister(*client, request->name());
   }();
-  Record("UnregisterSharedMemory", status, arrival);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
-absl::StatusOr<std::string> MatmulServiceImpl::SharedMemoryCaller(
-    const grpc::CallbackServerContext& context) {
-  if (draining_.load()) return ShuttingDown();
-  absl::StatusOr<std::string> client = Identify(context);
-  if (!client.ok()) {
-    metrics_->Rejected(RejectReason::kUnauthenticated);
-    return client.status();
-  }
-  if (options_.shared_memory == nullptr) {
-    return absl::FailedPreconditionError(
-        "shared memory is off on this server (start it with --shared_memory)");
-  }
-  return client;
+  return FinishUnary(context, "UnregisterSharedMemory", status, arrival);
 }
 
 absl::StatusOr<std::string> MatmulServiceImpl::Identify(

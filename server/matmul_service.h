@@ -102,6 +102,14 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
   absl::StatusOr<std::string> StoreCaller(const grpc::CallbackServerContext& context);
   // Likewise for the shared-memory calls.
   absl::StatusOr<std::string> SharedMemoryCaller(const grpc::CallbackServerContext& context);
+  // Who the call is from; UNAVAILABLE when draining, UNAUTHENTICATED, or
+  // FAILED_PRECONDITION with `off` when the feature is not `enabled`.
+  absl::StatusOr<std::string> FeatureCaller(const grpc::CallbackServerContext& context,
+                                            bool enabled, absl::string_view off);
+  // Records a unary store or shared-memory call and finishes it.
+  grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
+                                        absl::string_view method, const absl::Status& status,
+                                        absl::Time arrival);
 
   // Validates `request`, prepares `response` and submits a job that calls
   // `done` when it ends. On error nothing was submitted and `done` will not
