@@ -288,13 +288,8 @@ void DynamicBatchScheduler::RunBatch(int device, Batch batch) {
       if (!status[i].ok()) continue;
     }
     if (job.output != nullptr) {
-      try {
-        job.output->resize(job.output_bytes);
-      } catch (const std::bad_alloc&) {
-        status[i] = absl::ResourceExhaustedError(
-            absl::StrCat("cannot allocate ", job.output_bytes, " bytes for the result"));
-        continue;
-      }
+      status[i] = job.output->Allocate(job.output_bytes);
+      if (!status[i].ok()) continue;
       job.problem.d = job.output->data();
     }
     problems.push_back(job.problem);

@@ -1,13 +1,13 @@
 // A job: one validated multiply waiting for, or running on, an engine.
 //
-// The caller (a gRPC reactor) keeps the request and response alive until
-// `on_done` runs; the job only points into them. `on_done` runs exactly once,
+// The caller (a gRPC reactor) keeps the request and the result buffer alive
+// until `on_done` runs; the job only points into them. `on_done` runs exactly once,
 // from whichever component ends the job: the scheduler (queue full,
 // deadline, cancellation, shutdown) or a worker (result ready).
 //
 //   auto job = std::make_unique<Job>();
 //   job->problem = validated.problem;
-//   job->output = response->mutable_c()->mutable_data();
+//   job->output = &result;   // a ResultBuffer the reactor owns
 //   job->output_bytes = validated.output_bytes;
 //   job->on_done = [](const JobOutcome& outcome) { ... Finish(...) ... };
 //   scheduler->Submit(std::move(job));
@@ -16,15 +16,47 @@
 
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "kernels/engine.h"
 
 namespace matmul::server {
+
+// The bytes of one result. The worker allocates them just before the engine
+// runs, without zeroing them (the engine writes every byte), and the service
+// hands them to gRPC as they are: the result is not copied again on its way
+// to the wire (see wire_codec.h).
+class ResultBuffer {
+ public:
+  // Makes room for `bytes`; RESOURCE_EXHAUSTED when memory can't be had.
+  absl::Status Allocate(size_t bytes) {
+    data_.reset(new (std::nothrow) char[bytes == 0 ? 1 : bytes]);
+    if (data_ == nullptr) {
+      size_ = 0;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", bytes, " bytes for the result"));
+    }
+    size_ = bytes;
+    return absl::OkStatus();
+  }
+  char* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  // Gives the bytes up (they are freed with delete[]); empty afterwards.
+  std::unique_ptr<char[]> Release() {
+    size_ = 0;
+    return std::move(data_);
+  }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t size_ = 0;
+};
 
 // How a job ended.
 struct JobOutcome {
@@ -80,9 +112,9 @@ struct Job {
   uint64_t id = 0;
   // The product; `problem.d` is set by the worker once `output` is sized.
   GemmProblem problem;
-  // Where the result goes; resized to `output_bytes` by the worker (off the
-  // gRPC threads) just before the engine runs.
-  std::string* output = nullptr;
+  // Where the result goes; allocated with `output_bytes` by the worker (off
+  // the gRPC threads) just before the engine runs.
+  ResultBuffer* output = nullptr;
   uint64_t output_bytes = 0;
   // Higher runs first.
   int32_t priority = 0;

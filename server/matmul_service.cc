@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/wire_codec.h"
 
 namespace matmul::server {
 namespace {
@@ -47,10 +48,10 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 class MatmulServiceImpl::UnaryCall final : public grpc::ServerUnaryReactor {
  public:
   UnaryCall(MatmulServiceImpl* service, grpc::CallbackServerContext* context,
-            const MultiplyRequest* request, MultiplyResponse* response)
-      : service_(service), response_(response), arrival_(absl::Now()) {
+            const grpc::ByteBuffer* request, grpc::ByteBuffer* response)
+      : service_(service), wire_response_(response), arrival_(absl::Now()) {
     service_->CallStarted();
-    service_->metrics_->BytesReceived(request->ByteSizeLong());
+    service_->metrics_->BytesReceived(request->Length());
     if (service_->draining_.load()) {
       End(ShuttingDown());
       return;
@@ -61,6 +62,13 @@ class MatmulServiceImpl::UnaryCall final : public grpc::ServerUnaryReactor {
       End(client.status());
       return;
     }
+    if (absl::Status parsed = ParseMultiplyRequest(*request, &request_); !parsed.ok()) {
+      service_->metrics_->Rejected(parsed.code() == absl::StatusCode::kCancelled
+                                       ? RejectReason::kCancelled
+                                       : RejectReason::kInvalid);
+      End(parsed);
+      return;
+    }
     if (absl::Status admitted = service_->Admit(*client); !admitted.ok()) {
       End(admitted);
       return;
@@ -68,9 +76,9 @@ class MatmulServiceImpl::UnaryCall final : public grpc::ServerUnaryReactor {
     client_ = *std::move(client);
     service_->metrics_->AddInflight(1);
     const absl::Status status = service_->Submit(
-        client_, *request, response, arrival_, service_->DeadlineFor(*context, arrival_), &job_id_,
-        [this](const JobOutcome& outcome) {
-          if (outcome.status.ok()) FillTiming(outcome, arrival_, response_->mutable_timing());
+        client_, request_, &response_, &result_, arrival_,
+        service_->DeadlineFor(*context, arrival_), &job_id_, [this](const JobOutcome& outcome) {
+          if (outcome.status.ok()) FillTiming(outcome, arrival_, response_.mutable_timing());
           service_->metrics_->AddInflight(-1);
           service_->Release(client_);
           End(outcome.status);
@@ -92,17 +100,22 @@ class MatmulServiceImpl::UnaryCall final : public grpc::ServerUnaryReactor {
  private:
   void End(const absl::Status& status) {
     if (status.ok()) {
-      service_->metrics_->BytesSent(response_->ByteSizeLong());
-    } else {
-      response_->Clear();
+      *wire_response_ = EncodeMultiplyResponse(std::move(response_), &result_);
+      service_->metrics_->BytesSent(wire_response_->Length());
     }
     service_->Record(kMultiply, status, arrival_);
     Finish(ToGrpcStatus(status));
   }
 
   MatmulServiceImpl* const service_;
-  // Owned by gRPC; valid until OnDone.
-  MultiplyResponse* const response_;
+  // Owned by gRPC; valid until OnDone. Written once, when the call ends.
+  grpc::ByteBuffer* const wire_response_;
+  // The parsed request; the job points into its operands.
+  MultiplyRequest request_;
+  // The response but for the result's bytes.
+  MultiplyResponse response_;
+  // The result's bytes, written by the engine.
+  ResultBuffer result_;
   const absl::Time arrival_;
   // Set before the job is submitted; 0 when none was.
   uint64_t job_id_ = 0;
@@ -115,7 +128,7 @@ class MatmulServiceImpl::UnaryCall final : public grpc::ServerUnaryReactor {
 // order, and finishes once the client has half-closed (or the server
 // drains) and every answer is written.
 class MatmulServiceImpl::StreamCall final
-    : public grpc::ServerBidiReactor<MultiplyRequest, MultiplyResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamCall(MatmulServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context) {
@@ -171,15 +184,20 @@ class MatmulServiceImpl::StreamCall final
     }
     std::unique_ptr<Item> item = std::move(reading_item_);
     item->arrival = absl::Now();
-    service_->metrics_->BytesReceived(item->request.ByteSizeLong());
-    item->response.set_request_id(item->request.request_id());
-    absl::Status status =
-        draining_ || finished_ ? ShuttingDown() : service_->Admit(client_);
+    service_->metrics_->BytesReceived(item->wire_request.Length());
+    absl::Status status = ParseMultiplyRequest(item->wire_request, &item->request);
+    item->wire_request.Clear();
+    if (!status.ok()) {
+      service_->metrics_->Rejected(RejectReason::kInvalid);
+    } else {
+      item->response.set_request_id(item->request.request_id());
+      status = draining_ || finished_ ? ShuttingDown() : service_->Admit(client_);
+    }
     if (status.ok()) {
       Item* raw = item.get();
       service_->metrics_->AddInflight(1);
       status = service_->Submit(
-          client_, raw->request, &raw->response, raw->arrival,
+          client_, raw->request, &raw->response, &raw->result, raw->arrival,
           service_->DeadlineFor(*context_, raw->arrival), &raw->job_id,
           [this, raw](const JobOutcome& outcome) { OnJobDone(raw, outcome); });
       if (status.ok()) {
@@ -249,8 +267,14 @@ class MatmulServiceImpl::StreamCall final
 
  private:
   struct Item {
+    // As read; parsed into `request`, then cleared.
+    grpc::ByteBuffer wire_request;
     MultiplyRequest request;
+    // The answer but for the result's bytes, which the engine writes to
+    // `result`; both become `wire_response` when the item ends.
     MultiplyResponse response;
+    ResultBuffer result;
+    grpc::ByteBuffer wire_response;
     absl::Time arrival;
     uint64_t job_id = 0;
   };
@@ -283,9 +307,11 @@ class MatmulServiceImpl::StreamCall final
       item->response.set_request_id(std::move(id));
       item->response.mutable_error()->set_code(static_cast<int>(status.code()));
       item->response.mutable_error()->set_message(std::string(status.message()));
+      item->result = ResultBuffer();
     }
     if (broken_ || finished_) return;
-    service_->metrics_->BytesSent(item->response.ByteSizeLong());
+    item->wire_response = EncodeMultiplyResponse(std::move(item->response), &item->result);
+    service_->metrics_->BytesSent(item->wire_response.Length());
     writes_.push_back(std::move(item));
     StartNextWriteLocked();
   }
@@ -295,13 +321,13 @@ class MatmulServiceImpl::StreamCall final
     if (static_cast<int>(running_.size()) >= service_->options_.max_stream_inflight) return;
     reading_item_ = std::make_unique<Item>();
     reading_ = true;
-    StartRead(&reading_item_->request);
+    StartRead(&reading_item_->wire_request);
   }
 
   void StartNextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || writes_.empty() || broken_ || finished_) return;
     writing_ = true;
-    StartWrite(&writes_.front()->response);
+    StartWrite(&writes_.front()->wire_response);
   }
 
   // When everything accepted is answered and written and no more items
@@ -535,12 +561,12 @@ MatmulServiceImpl::MatmulServiceImpl(const Options& options, DynamicBatchSchedul
     : options_(options), scheduler_(scheduler), metrics_(metrics), info_(std::move(info)) {}
 
 grpc::ServerUnaryReactor* MatmulServiceImpl::Multiply(grpc::CallbackServerContext* context,
-                                                      const MultiplyRequest* request,
-                                                      MultiplyResponse* response) {
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
   return new UnaryCall(this, context, request, response);
 }
 
-grpc::ServerBidiReactor<MultiplyRequest, MultiplyResponse>* MatmulServiceImpl::MultiplyStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MatmulServiceImpl::MultiplyStream(
     grpc::CallbackServerContext* context) {
   return new StreamCall(this, context);
 }
@@ -753,8 +779,8 @@ absl::Time MatmulServiceImpl::DeadlineFor(const grpc::CallbackServerContext& con
 }
 
 absl::Status MatmulServiceImpl::Submit(const std::string& client, const MultiplyRequest& request,
-                                       MultiplyResponse* response, absl::Time arrival,
-                                       absl::Time deadline, uint64_t* job_id,
+                                       MultiplyResponse* response, ResultBuffer* result,
+                                       absl::Time arrival, absl::Time deadline, uint64_t* job_id,
                                        absl::AnyInvocable<void(const JobOutcome&)> done) {
   MatrixStore* store = options_.store;
   KeptMatrixLookup lookup;
@@ -817,7 +843,7 @@ absl::Status MatmulServiceImpl::Submit(const std::string& client, const Multiply
   *job_id = job->id;
   job->problem = validated->problem;
   const bool output_elsewhere = validated->keep_result || validated->output_shm != nullptr;
-  job->output = output_elsewhere ? nullptr : c->mutable_data();
+  job->output = output_elsewhere ? nullptr : result;
   job->output_bytes = output_elsewhere ? 0 : validated->output_bytes;
   job->problem.d = validated->output_shm;
   job->resident = std::move(resident);

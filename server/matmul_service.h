@@ -2,7 +2,9 @@
 //
 // A call is validated on the gRPC thread (sizes only), becomes a Job and is
 // submitted to the scheduler; the worker that finishes the job finishes the
-// call. No gRPC thread ever waits for compute.
+// call. No gRPC thread ever waits for compute. Multiply and MultiplyStream
+// take gRPC's raw byte buffers so that results reach the wire without being
+// copied (wire_codec.h); the other methods use the generated messages.
 //
 //   MatmulServiceImpl service(options, scheduler, metrics, info_fn);
 //   builder.RegisterService(&service);
@@ -28,7 +30,22 @@
 
 namespace matmul::server {
 
-class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
+// The generated callback service with Multiply and MultiplyStream on raw
+// byte buffers (a raw bidi method can't be stacked on its typed callback
+// form, so every method is named).
+using MatmulServiceBase = v1::MatmulService::WithRawCallbackMethod_Multiply<
+    v1::MatmulService::WithRawCallbackMethod_MultiplyStream<
+        v1::MatmulService::WithCallbackMethod_GetServerInfo<
+            v1::MatmulService::WithCallbackMethod_PutMatrix<
+                v1::MatmulService::WithCallbackMethod_UploadMatrix<
+                    v1::MatmulService::WithCallbackMethod_GetMatrix<
+                        v1::MatmulService::WithCallbackMethod_DeleteMatrix<
+                            v1::MatmulService::WithCallbackMethod_ListMatrices<
+                                v1::MatmulService::WithCallbackMethod_RegisterSharedMemory<
+                                    v1::MatmulService::WithCallbackMethod_UnregisterSharedMemory<
+                                        v1::MatmulService::Service>>>>>>>>>>;
+
+class MatmulServiceImpl final : public MatmulServiceBase {
  public:
   struct Options {
     RequestLimits limits;
@@ -56,9 +73,9 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
                     std::function<v1::ServerInfo()> info);
 
   grpc::ServerUnaryReactor* Multiply(grpc::CallbackServerContext* context,
-                                     const v1::MultiplyRequest* request,
-                                     v1::MultiplyResponse* response) override;
-  grpc::ServerBidiReactor<v1::MultiplyRequest, v1::MultiplyResponse>* MultiplyStream(
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MultiplyStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
@@ -111,11 +128,13 @@ class MatmulServiceImpl final : public v1::MatmulService::CallbackService {
                                         absl::string_view method, const absl::Status& status,
                                         absl::Time arrival);
 
-  // Validates `request`, prepares `response` and submits a job that calls
-  // `done` when it ends. On error nothing was submitted and `done` will not
-  // run. `*job_id` is set before submission.
+  // Validates `request`, prepares `response` (all but the result's bytes,
+  // which go to `result`) and submits a job that calls `done` when it ends.
+  // On error nothing was submitted and `done` will not run. `*job_id` is set
+  // before submission.
   absl::Status Submit(const std::string& client, const v1::MultiplyRequest& request,
-                      v1::MultiplyResponse* response, absl::Time arrival, absl::Time deadline,
+                      v1::MultiplyResponse* response, ResultBuffer* result, absl::Time arrival,
+                      absl::Time deadline,
                       uint64_t* job_id, absl::AnyInvocable<void(const JobOutcome&)> done);
   // The earlier of the call's own deadline and arrival + default timeout.
   absl::Time DeadlineFor(const grpc::CallbackServerContext& context, absl::Time arrival) const;

@@ -47,7 +47,7 @@ TEST(PickDeviceTest, SkipsBusyAndUnhealthyDevices) {
 // One job's inputs, output and outcome.
 struct Call {
   v1::MultiplyRequest request;
-  std::string output;
+  ResultBuffer output;
   JobOutcome outcome;
   std::atomic<int> done_count{0};
 };
