@@ -23,12 +23,9 @@
 namespace matmul {
 namespace {
 
-using testing::ServerProcess;
+using testing::Rng;
 
-std::mt19937_64& Rng() {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  return rng;
-}
+using testing::ServerProcess;
 
 // Resident set size of `pid` in bytes (from /proc).
 int64_t RssBytes(pid_t pid) {

@@ -20,6 +20,9 @@
 namespace matmul::server {
 namespace {
 
+using matmul::testing::Connect;
+using matmul::testing::Rng;
+
 using client::MatmulClient;
 using client::ProblemSpec;
 using ::testing::HasSubstr;
@@ -44,6 +47,7 @@ double Held(uint64_t rows, uint64_t row_bytes) {
   return static_cast<double>((rows * padded + 255) / 256 * 256);
 }
 
+// The CPU or CUDA engine with a small store and resident pool.
 ServerConfig LoopbackConfig() {
   ServerConfig config;
   config.listen = "127.0.0.1:0";
@@ -56,20 +60,7 @@ ServerConfig LoopbackConfig() {
 }
 
 std::unique_ptr<MatmulServer> StartServer(ServerConfig config = LoopbackConfig()) {
-  auto server = MatmulServer::Create(std::move(config));
-  EXPECT_TRUE(server.ok()) << server.status();
-  return server.ok() ? *std::move(server) : nullptr;
-}
-
-std::unique_ptr<MatmulClient> Connect(const MatmulServer& server) {
-  auto c = MatmulClient::Create({.target = absl::StrCat("127.0.0.1:", server.port())});
-  EXPECT_TRUE(c.ok());
-  return *std::move(c);
-}
-
-std::mt19937_64& Rng() {
-  static std::mt19937_64 rng(std::random_device{}());
-  return rng;
+  return matmul::testing::StartServer(std::move(config));
 }
 
 // `response` checked against the float64 reference of the inline `request`.

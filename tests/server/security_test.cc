@@ -21,6 +21,8 @@
 namespace matmul {
 namespace {
 
+using testing::Rng;
+
 using ::testing::HasSubstr;
 using testing::ServerProcess;
 
@@ -58,11 +60,6 @@ class Pki {
 const Pki& TestPki() {
   static const Pki* pki = new Pki();
   return *pki;
-}
-
-std::mt19937_64& Rng() {
-  static std::mt19937_64 rng(std::random_device{}());
-  return rng;
 }
 
 // GetServerInfo through a client built from `options` (target filled in).

@@ -20,26 +20,17 @@
 namespace matmul::server {
 namespace {
 
+using matmul::testing::Connect;
+using matmul::testing::LoopbackConfig;
+using matmul::testing::Rng;
+using matmul::testing::StartServer;
+
 using client::MatmulClient;
 using client::ProblemSpec;
 using ::testing::HasSubstr;
 using matmul::testing::FakeEngine;
 using matmul::testing::HttpGet;
 using matmul::testing::MetricSum;
-
-ServerConfig LoopbackConfig() {
-  ServerConfig config;
-  config.listen = "127.0.0.1:0";
-  config.metrics_listen = "127.0.0.1:0";
-  config.engine.backend = "cpu";
-  return config;
-}
-
-std::unique_ptr<MatmulServer> StartServer(ServerConfig config = LoopbackConfig()) {
-  auto server = MatmulServer::Create(std::move(config));
-  EXPECT_TRUE(server.ok()) << server.status();
-  return server.ok() ? *std::move(server) : nullptr;
-}
 
 // A server whose only engine is a FakeEngine the test controls.
 std::unique_ptr<MatmulServer> StartFakeServer(FakeEngine** engine, ServerConfig config) {
@@ -51,17 +42,6 @@ std::unique_ptr<MatmulServer> StartFakeServer(FakeEngine** engine, ServerConfig 
   auto server = MatmulServer::Create(std::move(config), std::move(set));
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? *std::move(server) : nullptr;
-}
-
-std::unique_ptr<MatmulClient> Connect(const MatmulServer& server) {
-  auto c = MatmulClient::Create({.target = absl::StrCat("127.0.0.1:", server.port())});
-  EXPECT_TRUE(c.ok());
-  return *std::move(c);
-}
-
-std::mt19937_64& Rng() {
-  static std::mt19937_64 rng(std::random_device{}());
-  return rng;
 }
 
 // Checks a good response against the float64 reference.

@@ -17,18 +17,17 @@
 #include "client/requests.h"
 #include "kernels/reference_gemm.h"
 #include "server/server.h"
+#include "tests/util/test_util.h"
 
 namespace matmul::server {
 namespace {
 
+using matmul::testing::Connect;
+using matmul::testing::Rng;
+
 using client::MatmulClient;
 using client::ProblemSpec;
 using ::testing::HasSubstr;
-
-std::mt19937_64& Rng() {
-  static std::mt19937_64 rng(std::random_device{}());
-  return rng;
-}
 
 // A POSIX shared-memory object of `bytes`, mapped here; unlinked at the end.
 class SharedObject {
@@ -64,13 +63,6 @@ std::unique_ptr<MatmulServer> StartServer(bool shared_memory, const std::string&
   auto server = MatmulServer::Create(std::move(config));
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? *std::move(server) : nullptr;
-}
-
-std::unique_ptr<MatmulClient> Connect(const MatmulServer& server, const std::string& token = "") {
-  auto c = MatmulClient::Create(
-      {.target = absl::StrCat("127.0.0.1:", server.port()), .auth_token = token});
-  EXPECT_TRUE(c.ok());
-  return *std::move(c);
 }
 
 absl::Status Register(const MatmulClient& c, const std::string& name, const std::string& key,

@@ -18,16 +18,15 @@
 #include "client/matmul_client.h"
 #include "client/requests.h"
 #include "server/server.h"
+#include "tests/util/test_util.h"
 
 namespace matmul::server {
 namespace {
 
-using ::testing::HasSubstr;
+using matmul::testing::Rng;
+using matmul::testing::StartServer;
 
-std::mt19937_64& Rng() {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  return rng;
-}
+using ::testing::HasSubstr;
 
 std::string Flatten(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
@@ -124,13 +123,9 @@ TEST(WireCodecTest, ParsesRequestsAndRefusesGarbage) {
 // Garbage sent straight to the raw methods; the server answers it and keeps
 // answering good requests correctly, unary and streamed.
 TEST(WireCodecTest, ServerRefusesUnparsableRequestsAndKeepsServing) {
-  ServerConfig config;
-  config.listen = "127.0.0.1:0";
-  config.metrics_listen = "127.0.0.1:0";
-  config.engine.backend = "cpu";
-  auto server = MatmulServer::Create(std::move(config));
-  ASSERT_TRUE(server.ok()) << server.status();
-  const std::string target = absl::StrCat("127.0.0.1:", (*server)->port());
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  const std::string target = absl::StrCat("127.0.0.1:", server->port());
   auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::Slice junk(std::string("\x0a\xff\xff\xff\xff\x0f garbage", 14));

@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "kernels/cpu/cpu_engine.h"
+#include <gtest/gtest.h>
 
 extern char** environ;
 
@@ -157,6 +158,33 @@ int ServerProcess::Wait() {
   exited_ = true;
   exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return exit_code_;
+}
+
+std::mt19937_64& Rng() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return rng;
+}
+
+server::ServerConfig LoopbackConfig() {
+  server::ServerConfig config;
+  config.listen = "127.0.0.1:0";
+  config.metrics_listen = "127.0.0.1:0";
+  config.engine.backend = "cpu";
+  return config;
+}
+
+std::unique_ptr<server::MatmulServer> StartServer(server::ServerConfig config) {
+  auto server = server::MatmulServer::Create(std::move(config));
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+std::unique_ptr<client::MatmulClient> Connect(const server::MatmulServer& server,
+                                              const std::string& token) {
+  auto c = client::MatmulClient::Create(
+      {.target = absl::StrCat("127.0.0.1:", server.port()), .auth_token = token});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
 }
 
 std::string HttpGet(int port, const std::string& path) {

@@ -1,5 +1,6 @@
 // Helpers shared by the tests: a controllable fake engine, a matmul-server
-// child process, and a tiny HTTP client for /metrics.
+// child process, an in-process server on loopback, a per-thread random
+// generator, and a tiny HTTP client for /metrics.
 //
 //   FakeEngine engine("fake:0");
 //   engine.Block();                    // batches wait until Unblock()
@@ -12,12 +13,15 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "client/matmul_client.h"
 #include "kernels/engine.h"
+#include "server/server.h"
 
 namespace matmul::testing {
 
@@ -83,6 +87,18 @@ class ServerProcess {
   int exit_code_ = 0;
   std::string dir_;
 };
+
+// A freshly seeded generator per thread: every run draws new inputs, and
+// concurrent callers never share one.
+std::mt19937_64& Rng();
+
+// CPU backend, gRPC and /metrics on loopback ports the kernel picks.
+server::ServerConfig LoopbackConfig();
+// An in-process server (a gtest failure and null when it can't start).
+std::unique_ptr<server::MatmulServer> StartServer(server::ServerConfig config = LoopbackConfig());
+// A client of `server`, sending `token` when it is not empty.
+std::unique_ptr<client::MatmulClient> Connect(const server::MatmulServer& server,
+                                              const std::string& token = "");
 
 // GET http://127.0.0.1:<port><path>; returns the body. Empty on failure.
 std::string HttpGet(int port, const std::string& path);

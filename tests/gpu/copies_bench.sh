@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Host-copy benchmark on a GPU machine: two matmul-server builds (before and
+# after a change to the payload path) under the same loads, one after the
+# other, each row beside a gRPC echo of the bytes it moves. Besides req/s it
+# reports the server's own CPU time per request (utime + stime from /proc),
+# which is what host copies cost and is far less noisy than throughput.
+#
+#   tests/gpu/copies_bench.sh BEFORE_BIN AFTER_BIN OUT_DIR
+# Both BIN dirs hold matmul-server; AFTER_BIN also matmul-bench (the client
+# is the same for both).
+set -uo pipefail
+before=$1 after=$2 out=$3
+mkdir -p "$out"
+[[ -d $after/../lib ]] && export LD_LIBRARY_PATH="$after/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+bench="$after/matmul-bench"
+json="$out/copies.jsonl"
+rm -f "$json" "$out/cpu.tsv"
+"$bench" serve-echo --listen=127.0.0.1:50072 >"$out/echo.log" 2>&1 &
+echo_pid=$!
+server_pid=
+trap 'kill $echo_pid $server_pid 2>/dev/null' EXIT
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+requests() { curl -s 127.0.0.1:9093/metrics | awk '/^matmul_requests_total/ {s += $2} END {print s + 0}'; }
+hz=$(getconf CLK_TCK)
+for variant in before after; do
+  bin=$before; [[ $variant == after ]] && bin=$after
+  rm -f "$out/ports"
+  "$bin/matmul-server" --backend=cuda --listen=127.0.0.1:50071 --metrics_listen=127.0.0.1:9093 \
+      --port_file="$out/ports" >"$out/server_$variant.log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 600); do [[ -s $out/ports ]] && break; sleep 0.1; done
+  [[ -s $out/ports ]] || { echo "$variant server did not start"; tail "$out/server_$variant.log"; exit 1; }
+  common=(--target=127.0.0.1:50071 --echo_target=127.0.0.1:50072 --channels=8 --duration_s=2
+          --warmup_s=0.3 --json="$json" --label="$variant")
+  # name | bench flags
+  while IFS='|' read -r name flags; do
+    t0=$(ticks $server_pid) r0=$(requests)
+    # shellcheck disable=SC2086
+    "$bench" run "${common[@]}" $flags >>"$out/bench_$variant.log" 2>&1
+    t1=$(ticks $server_pid) r1=$(requests)
+    awk -v v="$variant" -v n="$name" -v t=$((t1 - t0)) -v r=$((r1 - r0)) -v hz="$hz" \
+        'BEGIN {printf "%s\t%s\t%d\t%.1f\n", v, n, r, r > 0 ? t / hz * 1e6 / r : 0}' >>"$out/cpu.tsv"
+  done <<'ROWS'
+resident-weights|--shapes=weights4096 --dtypes=bf16 --operands=resident --concurrency=8,64 --modes=unary
+medium-bf16|--shapes=medium --dtypes=bf16 --concurrency=8 --modes=unary
+medium-f32|--shapes=medium --dtypes=f32 --concurrency=8 --modes=unary
+small-bf16|--shapes=small --dtypes=bf16 --concurrency=256 --modes=unary,stream
+ROWS
+  kill -TERM $server_pid; wait $server_pid; server_pid=
+done
+echo "variant	load	requests	server_cpu_us_per_request"
+cat "$out/cpu.tsv"
+echo "rows: $(wc -l <"$json")"
