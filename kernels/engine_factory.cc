@@ -33,6 +33,7 @@ absl::StatusOr<EngineSet> CreateGpuEngines(const EngineOptions& options) {
   cuda.memory_fraction = options.gpu_memory_fraction;
   cuda.resident_bytes = options.gpu_resident_bytes;
   cuda.kernels = options.cuda_kernels;
+  cuda.host_wait = options.cuda_host_wait;
   absl::StatusOr<CudaEngineSet> engines = CreateCudaEngines(cuda);
   if (!engines.ok()) return engines.status();
   EngineSet set;

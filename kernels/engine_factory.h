@@ -30,6 +30,11 @@ struct EngineOptions {
   // CUDA kernel family: "persistent" (our grouped persistent kernels),
   // "nonpersistent" (same tiles, one CTA per tile) or "cublas".
   std::string cuda_kernels = "persistent";
+  // How a host thread waits for its GPU work: "spin" (lowest latency, one
+  // core busy per waiting batch), "yield", "block" (the thread sleeps until
+  // the GPU is done; its core serves gRPC meanwhile) or "auto" (CUDA's
+  // choice: spin unless there are more contexts than cores).
+  std::string cuda_host_wait = "auto";
   // CPU workers (engines); each runs whole batches with OpenBLAS.
   int cpu_workers = 1;
   // OpenBLAS threads; 0 means all cores.

@@ -40,6 +40,10 @@ ABSL_FLAG(double, gpu_memory_fraction, 0.8,
           "Share of each GPU's free memory taken for the engine's pool at start-up.");
 ABSL_FLAG(std::string, cuda_kernels, "persistent",
           "CUDA kernels: persistent (grouped persistent kernels), nonpersistent, or cublas.");
+ABSL_FLAG(std::string, cuda_host_wait, "auto",
+          "How a worker thread waits for its GPU batch: spin (lowest latency, a core busy per "
+          "batch in flight), yield, block (sleeps; the core serves gRPC meanwhile), or auto "
+          "(CUDA's choice: spin unless contexts outnumber cores).");
 ABSL_FLAG(int, cpu_workers, 1, "CPU engine workers (each runs whole batches with OpenBLAS).");
 ABSL_FLAG(int, cpu_threads, 0, "OpenBLAS threads; 0 uses every core.");
 ABSL_FLAG(int, lanes_per_device, 0,
@@ -149,6 +153,7 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   config.engine.cuda_devices = *devices;
   config.engine.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   config.engine.cuda_kernels = absl::GetFlag(FLAGS_cuda_kernels);
+  config.engine.cuda_host_wait = absl::GetFlag(FLAGS_cuda_host_wait);
   config.engine.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
   config.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   config.lanes_per_device = absl::GetFlag(FLAGS_lanes_per_device);

@@ -591,12 +591,7 @@ absl::Status SelfTest(GroupedGemmLauncher& launcher, DType input, Precision prec
 }  // namespace
 
 absl::StatusOr<CudaEngineSet> CreateCudaEngines(const CudaEngineOptions& options) {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    return absl::UnavailableError(absl::StrCat("no usable GPU: ", CudaErrorString(e)));
-  }
-  if (count == 0) return absl::UnavailableError("no usable GPU: no CUDA device found");
+  // Options first: a bad value is reported the same with or without a GPU.
   KernelFamily family;
   if (options.kernels == "persistent") {
     family = KernelFamily::kPersistent;
@@ -608,9 +603,28 @@ absl::StatusOr<CudaEngineSet> CreateCudaEngines(const CudaEngineOptions& options
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda kernels must be persistent, nonpersistent or cublas, got \"", options.kernels, "\""));
   }
+  unsigned wait_flag;
+  if (options.host_wait == "auto") {
+    wait_flag = cudaDeviceScheduleAuto;
+  } else if (options.host_wait == "spin") {
+    wait_flag = cudaDeviceScheduleSpin;
+  } else if (options.host_wait == "yield") {
+    wait_flag = cudaDeviceScheduleYield;
+  } else if (options.host_wait == "block") {
+    wait_flag = cudaDeviceScheduleBlockingSync;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda host wait must be auto, spin, yield or block, got \"", options.host_wait, "\""));
+  }
   if (!(options.memory_fraction > 0 && options.memory_fraction <= 0.95)) {
     return absl::InvalidArgumentError("gpu_memory_fraction must be in (0, 0.95]");
   }
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    return absl::UnavailableError(absl::StrCat("no usable GPU: ", CudaErrorString(e)));
+  }
+  if (count == 0) return absl::UnavailableError("no usable GPU: no CUDA device found");
   std::vector<int> devices = options.devices;
   if (devices.empty()) {
     for (int d = 0; d < count; ++d) devices.push_back(d);
@@ -629,6 +643,8 @@ absl::StatusOr<CudaEngineSet> CreateCudaEngines(const CudaEngineOptions& options
   std::map<int, std::map<DType, bool>> tested;
   for (int d : devices) {
     e = cudaSetDevice(d);
+    // Only before the context exists (a repeated ordinal shares it).
+    if (e == cudaSuccess && seen[d] == 0) e = cudaSetDeviceFlags(wait_flag);
     if (e == cudaSuccess) e = cudaFree(nullptr);  // Creates the context.
     if (e != cudaSuccess) {
       return absl::UnavailableError(absl::StrCat("cuda:", d, " unusable: ", CudaErrorString(e)));

@@ -39,6 +39,9 @@ struct CudaEngineOptions {
   // Checks our kernels against cuBLAS at start-up; a dtype that disagrees
   // is served by cuBLAS instead (and a note says so).
   bool self_test = true;
+  // How host threads wait for the GPU: "auto", "spin", "yield" or "block"
+  // (cudaDeviceSchedule*); set on each device before its context exists.
+  std::string host_wait = "auto";
 };
 
 struct CudaEngineSet {

@@ -5,9 +5,10 @@
 # reports the server's own CPU time per request (utime + stime from /proc),
 # which is what host copies cost and is far less noisy than throughput.
 #
-#   tests/gpu/copies_bench.sh BEFORE_BIN AFTER_BIN OUT_DIR
+#   [BEFORE_FLAGS=...] [AFTER_FLAGS=...] tests/gpu/copies_bench.sh BEFORE_BIN AFTER_BIN OUT_DIR
 # Both BIN dirs hold matmul-server; AFTER_BIN also matmul-bench (the client
-# is the same for both).
+# is the same for both). BEFORE_FLAGS and AFTER_FLAGS add server flags, so
+# one build can also be compared with itself under two settings.
 set -uo pipefail
 before=$1 after=$2 out=$3
 mkdir -p "$out"
@@ -25,12 +26,14 @@ hz=$(getconf CLK_TCK)
 for variant in before after; do
   bin=$before; [[ $variant == after ]] && bin=$after
   rm -f "$out/ports"
-  "$bin/matmul-server" --backend=cuda --listen=127.0.0.1:50071 --metrics_listen=127.0.0.1:9093 \
+  flags_var=${variant^^}_FLAGS
+  # shellcheck disable=SC2086
+  "$bin/matmul-server" --backend="${MATMUL_BACKEND:-cuda}" ${!flags_var:-} --listen=127.0.0.1:50071 --metrics_listen=127.0.0.1:9093 \
       --port_file="$out/ports" >"$out/server_$variant.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 600); do [[ -s $out/ports ]] && break; sleep 0.1; done
   [[ -s $out/ports ]] || { echo "$variant server did not start"; tail "$out/server_$variant.log"; exit 1; }
-  common=(--target=127.0.0.1:50071 --echo_target=127.0.0.1:50072 --channels=8 --duration_s=2
+  common=(--target=127.0.0.1:50071 --echo_target=127.0.0.1:50072 --channels=8 --duration_s=${MATMUL_BENCH_S:-2}
           --warmup_s=0.3 --json="$json" --label="$variant")
   # name | bench flags
   while IFS='|' read -r name flags; do
@@ -39,7 +42,7 @@ for variant in before after; do
     "$bench" run "${common[@]}" $flags >>"$out/bench_$variant.log" 2>&1
     t1=$(ticks $server_pid) r1=$(requests)
     awk -v v="$variant" -v n="$name" -v t=$((t1 - t0)) -v r=$((r1 - r0)) -v hz="$hz" \
-        'BEGIN {printf "%s\t%s\t%d\t%.1f\n", v, n, r, r > 0 ? t / hz * 1e6 / r : 0}' >>"$out/cpu.tsv"
+        'BEGIN {printf "%s\t%s\t%d\t%.1f\n", v, n, r, (r > 0 ? t / hz * 1e6 / r : 0)}' >>"$out/cpu.tsv"
   done <<'ROWS'
 resident-weights|--shapes=weights4096 --dtypes=bf16 --operands=resident --concurrency=8,64 --modes=unary
 medium-bf16|--shapes=medium --dtypes=bf16 --concurrency=8 --modes=unary

@@ -50,6 +50,24 @@ void ExpectCorrect(const Owned& o, const std::string& what) {
   EXPECT_LE(err, ErrorBound(o.p.input_type, o.p.output_type, o.p.precision)) << what;
 }
 
+// Option checks come before the GPU probe: these run on any machine.
+TEST(CudaEngineOptionsTest, BadOptionsAreInvalidArgumentWithOrWithoutAGpu) {
+  CudaEngineOptions options;
+  options.host_wait = "sleepy";
+  absl::StatusOr<CudaEngineSet> set = CreateCudaEngines(options);
+  EXPECT_EQ(set.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(set.status().message().find("auto, spin, yield or block"), absl::string_view::npos)
+      << set.status();
+  options.host_wait = "block";
+  options.kernels = "fastest";
+  set = CreateCudaEngines(options);
+  EXPECT_EQ(set.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(set.status().message().find("\"fastest\""), absl::string_view::npos) << set.status();
+  options.kernels = "persistent";
+  options.memory_fraction = 0.99;
+  EXPECT_EQ(CreateCudaEngines(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 class CudaEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
