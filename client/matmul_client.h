@@ -63,6 +63,9 @@ absl::Status ApplySecurityFlags(const std::string& tls_ca, const std::string& tl
 
 // Channel arguments for `options` besides credentials (message sizes, TLS
 // name override).
+// HTTP/2 frames the client accepts (and the server, by default): 1 MiB.
+inline constexpr int kHttp2FrameBytes = 1 << 20;
+
 grpc::ChannelArguments MakeChannelArguments(const ClientOptions& options);
 
 // gRPC status as absl::Status (same codes, same message).

@@ -44,6 +44,10 @@ ABSL_FLAG(std::string, cuda_host_wait, "auto",
           "How a worker thread waits for its GPU batch: spin (lowest latency, a core busy per "
           "batch in flight), yield, block (sleeps; the core serves gRPC meanwhile), or auto "
           "(CUDA's choice: spin unless contexts outnumber cores).");
+ABSL_FLAG(std::vector<std::string>, grpc_arg, {},
+          "Extra gRPC server channel arguments, name=value, comma separated (e.g. "
+          "grpc.http2.max_frame_size=1048576); integer values are passed as integers. gRPC "
+          "ignores names it does not know.");
 ABSL_FLAG(int, cpu_workers, 1, "CPU engine workers (each runs whole batches with OpenBLAS).");
 ABSL_FLAG(int, cpu_threads, 0, "OpenBLAS threads; 0 uses every core.");
 ABSL_FLAG(int, lanes_per_device, 0,
@@ -187,6 +191,14 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   config.queue.max_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_queued_bytes));
   config.queue.priority_aging = absl::Milliseconds(absl::GetFlag(FLAGS_priority_aging_ms));
   config.max_request_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_request_bytes));
+  for (const std::string& arg : absl::GetFlag(FLAGS_grpc_arg)) {
+    const size_t eq = arg.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--grpc_arg must be name=value, got \"", arg, "\""));
+    }
+    config.grpc_args.emplace_back(arg.substr(0, eq), arg.substr(eq + 1));
+  }
   config.limits.max_response_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_response_bytes));
   config.limits.max_dim = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_dim));
   config.default_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_default_timeout_ms));

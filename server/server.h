@@ -14,6 +14,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -43,6 +45,10 @@ struct ServerConfig {
   JobQueue::Options queue;
   // Largest request message gRPC accepts.
   uint64_t max_request_bytes = 256ull << 20;
+  // Extra gRPC channel arguments for the server (name, value), e.g.
+  // {"grpc.http2.max_frame_size", "1048576"}: a value that parses as an int
+  // is passed as one, others as strings. gRPC ignores names it doesn't know.
+  std::vector<std::pair<std::string, std::string>> grpc_args;
   // Request size limits (max_dim, max_response_bytes).
   RequestLimits limits;
   absl::Duration default_timeout = absl::ZeroDuration();

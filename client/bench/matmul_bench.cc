@@ -76,6 +76,9 @@ ABSL_FLAG(std::string, operands, "inline",
           "server once with PutMatrix and named by handle; only A and the result travel), shm "
           "(operands and results in POSIX shared memory; same host, server with --shared_memory).");
 ABSL_FLAG(int, chain_length, 10, "chain: products in the chain.");
+ABSL_FLAG(std::vector<std::string>, grpc_arg, {},
+          "Extra gRPC channel arguments, name=value, comma separated, for every channel this "
+          "tool opens and for serve-echo (e.g. grpc.http2.max_frame_size=1048576).");
 
 namespace matmul::bench {
 namespace {
@@ -130,6 +133,21 @@ class EchoService final : public Echo::CallbackService {
   }
 };
 
+// --grpc_arg as (name, value) pairs; exits on a malformed one.
+std::vector<std::pair<std::string, std::string>> ExtraGrpcArgs() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& arg : absl::GetFlag(FLAGS_grpc_arg)) {
+    const size_t eq = arg.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::fprintf(stderr, "matmul-bench: --grpc_arg must be name=value, got \"%s\"\n",
+                   arg.c_str());
+      std::exit(2);
+    }
+    out.emplace_back(arg.substr(0, eq), arg.substr(eq + 1));
+  }
+  return out;
+}
+
 int ServeEcho() {
   EchoService service;
   grpc::ServerBuilder builder;
@@ -138,6 +156,16 @@ int ServeEcho() {
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(INT32_MAX);
   builder.SetMaxSendMessageSize(INT32_MAX);
+  // The same frames as matmul-server allows, so the echo stays a fair ceiling.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, client::kHttp2FrameBytes);
+  for (const auto& [name, value] : ExtraGrpcArgs()) {
+    int number;
+    if (absl::SimpleAtoi(value, &number)) {
+      builder.AddChannelArgument(name, number);
+    } else {
+      builder.AddChannelArgument(name, value);
+    }
+  }
   auto server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::fprintf(stderr, "matmul-bench: cannot listen on %s\n", absl::GetFlag(FLAGS_listen).c_str());
@@ -484,6 +512,14 @@ std::vector<std::shared_ptr<grpc::Channel>> Channels(const std::string& target, 
     grpc::ChannelArguments args = client::MakeChannelArguments(options);
     args.SetInt("matmul.bench.channel", i);
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    for (const auto& [name, value] : ExtraGrpcArgs()) {
+      int number;
+      if (absl::SimpleAtoi(value, &number)) {
+        args.SetInt(name, number);
+      } else {
+        args.SetString(name, value);
+      }
+    }
     channels.push_back(grpc::CreateCustomChannel(target, *credentials, args));
   }
   return channels;

@@ -7,8 +7,9 @@
 #
 #   [BEFORE_FLAGS=...] [AFTER_FLAGS=...] tests/gpu/copies_bench.sh BEFORE_BIN AFTER_BIN OUT_DIR
 # Both BIN dirs hold matmul-server; AFTER_BIN also matmul-bench (the client
-# is the same for both). BEFORE_FLAGS and AFTER_FLAGS add server flags, so
-# one build can also be compared with itself under two settings.
+# is the same for both). BEFORE_FLAGS and AFTER_FLAGS add server flags, and
+# BEFORE_BENCH_FLAGS and AFTER_BENCH_FLAGS client flags, so one build can also
+# be compared with itself under two settings.
 set -uo pipefail
 before=$1 after=$2 out=$3
 mkdir -p "$out"
@@ -26,7 +27,7 @@ hz=$(getconf CLK_TCK)
 for variant in before after; do
   bin=$before; [[ $variant == after ]] && bin=$after
   rm -f "$out/ports"
-  flags_var=${variant^^}_FLAGS
+  flags_var=${variant^^}_FLAGS bench_flags_var=${variant^^}_BENCH_FLAGS
   # shellcheck disable=SC2086
   "$bin/matmul-server" --backend="${MATMUL_BACKEND:-cuda}" ${!flags_var:-} --listen=127.0.0.1:50071 --metrics_listen=127.0.0.1:9093 \
       --port_file="$out/ports" >"$out/server_$variant.log" 2>&1 &
@@ -39,7 +40,7 @@ for variant in before after; do
   while IFS='|' read -r name flags; do
     t0=$(ticks $server_pid) r0=$(requests)
     # shellcheck disable=SC2086
-    "$bench" run "${common[@]}" $flags >>"$out/bench_$variant.log" 2>&1
+    "$bench" run "${common[@]}" ${!bench_flags_var:-} $flags >>"$out/bench_$variant.log" 2>&1
     t1=$(ticks $server_pid) r1=$(requests)
     awk -v v="$variant" -v n="$name" -v t=$((t1 - t0)) -v r=$((r1 - r0)) -v hz="$hz" \
         'BEGIN {printf "%s\t%s\t%d\t%.1f\n", v, n, r, (r > 0 ? t / hz * 1e6 / r : 0)}' >>"$out/cpu.tsv"

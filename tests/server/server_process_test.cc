@@ -69,6 +69,30 @@ TEST(ServerProcessTest, BusyPortIsAnError) {
   EXPECT_THAT(out, HasSubstr("cannot listen"));
 }
 
+TEST(ServerProcessTest, GrpcArgsPassThroughAndMalformedOnesAreRefused) {
+  std::string out;
+  EXPECT_NE(RunCommand(absl::StrCat(MATMUL_SERVER_BINARY,
+                                    " --backend=cpu --metrics_listen= --listen=127.0.0.1:0"
+                                    " --grpc_arg=grpc.http2.max_frame_size"),
+                       &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("--grpc_arg must be name=value"));
+  // HTTP/2's smallest frames and a string-valued argument: a request and its
+  // result span many frames and still arrive intact.
+  auto server = ServerProcess::Start(
+      {"--backend=cpu", "--grpc_arg=grpc.http2.max_frame_size=16384,grpc.primary_user_agent=t"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto c = client::MatmulClient::Create({.target = (*server)->target()});
+  std::mt19937_64 rng(std::random_device{}());
+  v1::MultiplyRequest request =
+      client::RandomRequest({.m = 300, .n = 200, .k = 100, .dtype = DType::kFloat32}, rng);
+  absl::StatusOr<v1::MultiplyResponse> response = (*c)->Multiply(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  absl::StatusOr<double> err = client::CheckResponse(request, *response);
+  ASSERT_TRUE(err.ok()) << err.status();
+  EXPECT_LE(*err, 1e-5);
+}
+
 TEST(ServerProcessTest, EnvironmentSetsFlagsAndTheCommandLineWins) {
   setenv("MATMUL_MAX_DIM", "77", 1);
   setenv("MATMUL_MAX_BATCH_SIZE", "5", 1);

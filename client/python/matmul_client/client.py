@@ -150,6 +150,9 @@ class MatmulClient:
             ("grpc.service_config", json.dumps(config)),
             ("grpc.enable_retries", 1 if max_attempts > 1 else 0),
             ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
+            # Results arrive in HTTP/2 frames of up to 1 MiB instead of 16 KiB
+            # (less per-frame work on both ends; see docs/BENCHMARKS.md).
+            ("grpc.http2.max_frame_size", 1 << 20),
         ]
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
