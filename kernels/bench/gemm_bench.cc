@@ -1,6 +1,12 @@
 // gemm-bench: our grouped kernels against cuBLAS on the GPU, one table.
 //
-//   gemm-bench [--json=FILE] [--quick]
+//   gemm-bench [--json=FILE] [--quick] [--timing=isolated|back-to-back]
+//              [--only=single|grouped] [--size=LABEL]... [--dtype=NAME]...
+//              [--tile_n=256|128|64] [--cluster=1|2]
+//
+// --size picks single-problem rows by label (4096^3) and grouped batches by
+// their problem count (256, 1024, 64); --dtype picks bfloat16, float16,
+// tf32 or float32 rows.
 //
 // Timing: CUDA events around each run, after warm-up; the median of many
 // runs; inputs rotated over several buffer sets (more than twice the L2) so
@@ -17,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -120,6 +127,20 @@ std::unique_ptr<Buffers> MakeBuffers(const std::vector<Shape>& shapes, DType in,
   return b;
 }
 
+// How a run is timed.
+//  * kIsolated: one run between two events on an idle stream, so the time
+//    includes the host's enqueue work for that run (what one lone call costs).
+//  * kBackToBack: kBatch runs enqueued between two events, time divided by
+//    kBatch: the host's enqueue work overlaps the GPU's previous run (what a
+//    busy server sees, and how GEMM libraries are usually timed).
+enum class Timing { kIsolated, kBackToBack };
+Timing g_timing = Timing::kIsolated;
+// Hopper tile width for our rows (0: the launcher's choice).
+int g_tile_n = 0;
+// CTAs per cluster for our rows (0: the launcher's choice).
+int g_cluster = 0;
+constexpr int kBatch = 8;
+
 // Median milliseconds of `run(set)` over `reps` timed runs after warm-up.
 double TimeMedianMs(cudaStream_t stream, int sets, int reps, const std::function<void(int)>& run) {
   for (int i = 0; i < 3; ++i) run(i % sets);
@@ -128,14 +149,15 @@ double TimeMedianMs(cudaStream_t stream, int sets, int reps, const std::function
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   std::vector<float> ms;
+  const int per = g_timing == Timing::kBackToBack ? kBatch : 1;
   for (int i = 0; i < reps; ++i) {
     cudaEventRecord(start, stream);
-    run(i % sets);
+    for (int j = 0; j < per; ++j) run((i * per + j) % sets);
     cudaEventRecord(stop, stream);
     CHECK_CUDA(cudaEventSynchronize(stop));
     float t;
     cudaEventElapsedTime(&t, start, stop);
-    ms.push_back(t);
+    ms.push_back(t / per);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
@@ -171,6 +193,7 @@ double Compare(const std::vector<DeviceGemmProblem>& ours, const std::vector<Dev
 struct Row {
   std::string group, name, dtype, variant;
   double us = 0, tflops = 0, ratio = 0, error = -1;
+  std::string tile = "-";  // Our Hopper tiles ("128x256 x2 cluster"), when they ran.
 };
 
 class Bench {
@@ -207,6 +230,8 @@ class Bench {
       o.precision = precision;
       o.family = family;
       o.cublas_min_flops = 0;  // Exact float32: time our SIMT kernel, not cuBLAS.
+      o.hopper_tile_n = g_tile_n;
+      o.hopper_cluster = g_cluster;
       const double ms = TimeMedianMs(stream_, static_cast<int>(buffers->sets.size()), reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
       });
@@ -224,9 +249,11 @@ class Bench {
                                 shape.m * shape.n * ElementSize(out), cudaMemcpyDeviceToDevice));
         }
       } else {
-        CHECK_OK(launcher_->Run(buffers->sets[0], o, workspace_, workspace_bytes_, stream_));
+        LaunchReport report;
+        CHECK_OK(launcher_->Run(buffers->sets[0], o, workspace_, workspace_bytes_, stream_, &report));
         CHECK_CUDA(cudaStreamSynchronize(stream_));
         r.error = Compare(buffers->sets[0], ref->sets[0], out);
+        if (!report.hopper_tile.empty()) r.tile = report.hopper_tile;
       }
       r.ratio = cublas_ms / ms;
       rows.push_back(r);
@@ -272,6 +299,8 @@ class Bench {
                     flops / (grouped_ms * 1e-3) / 1e12, best_cublas / grouped_ms});
     for (auto family : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
       o.family = family;
+      o.hopper_tile_n = g_tile_n;
+      o.hopper_cluster = g_cluster;
       LaunchReport report;
       const double ms = TimeMedianMs(stream_, sets, reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_, &report));
@@ -285,6 +314,7 @@ class Bench {
       r.tflops = flops / (ms * 1e-3) / 1e12;
       r.ratio = best_cublas / ms;
       r.error = Compare(buffers->sets[0], ref->sets[0], out);
+      if (!report.hopper_tile.empty()) r.tile = report.hopper_tile;
       rows.push_back(r);
     }
     for (Row& r : rows) Emit(r);
@@ -303,8 +333,9 @@ class Bench {
       const Row& r = rows_[i];
       out << absl::StrFormat(
           "    {\"group\": \"%s\", \"name\": \"%s\", \"dtype\": \"%s\", \"variant\": \"%s\", "
-          "\"us\": %.2f, \"tflops\": %.2f, \"ratio_to_cublas\": %.3f, \"max_rel_error\": %.3g}%s\n",
-          r.group, r.name, r.dtype, r.variant, r.us, r.tflops, r.ratio, r.error,
+          "\"us\": %.2f, \"tflops\": %.2f, \"ratio_to_cublas\": %.3f, \"max_rel_error\": %.3g, "
+          "\"tile\": \"%s\"}%s\n",
+          r.group, r.name, r.dtype, r.variant, r.us, r.tflops, r.ratio, r.error, r.tile,
           i + 1 < rows_.size() ? "," : "");
     }
     out << "  ]\n}\n";
@@ -354,9 +385,9 @@ class Bench {
   }
 
   void Emit(const Row& r) {
-    std::printf("%-8s %-22s %-9s %-44s %11.1f %9.1f %7.3f %10s\n", r.group.c_str(), r.name.c_str(),
-                r.dtype.c_str(), r.variant.c_str(), r.us, r.tflops, r.ratio,
-                r.error < 0 ? "-" : absl::StrFormat("%.2e", r.error).c_str());
+    std::printf("%-8s %-22s %-9s %-44s %11.1f %9.1f %7.3f %10s  %s\n", r.group.c_str(),
+                r.name.c_str(), r.dtype.c_str(), r.variant.c_str(), r.us, r.tflops, r.ratio,
+                r.error < 0 ? "-" : absl::StrFormat("%.2e", r.error).c_str(), r.tile.c_str());
     std::fflush(stdout);
     rows_.push_back(r);
   }
@@ -374,13 +405,26 @@ class Bench {
 int Main(int argc, char** argv) {
   std::string json = "gemm_bench.json";
   bool quick = false;
-  std::vector<std::string> only;
+  std::vector<std::string> only, sizes_wanted, dtypes_wanted;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--json=", 0) == 0) json = a.substr(7);
     else if (a == "--quick") quick = true;
     else if (a.rfind("--only=", 0) == 0) only.push_back(a.substr(7));
+    else if (a.rfind("--size=", 0) == 0) sizes_wanted.push_back(a.substr(7));
+    else if (a.rfind("--dtype=", 0) == 0) dtypes_wanted.push_back(a.substr(8));
+    else if (a == "--timing=isolated") g_timing = Timing::kIsolated;
+    else if (a == "--timing=back-to-back") g_timing = Timing::kBackToBack;
+    else if (a.rfind("--tile_n=", 0) == 0) g_tile_n = std::atoi(a.c_str() + 9);
+    else if (a.rfind("--cluster=", 0) == 0) g_cluster = std::atoi(a.c_str() + 10);
+    else {
+      std::fprintf(stderr, "gemm-bench: unknown argument %s\n", a.c_str());
+      return 2;
+    }
   }
+  auto listed = [](const std::vector<std::string>& list, const std::string& v) {
+    return list.empty() || std::find(list.begin(), list.end(), v) != list.end();
+  };
   auto want = [&](const std::string& section) {
     return only.empty() || std::find(only.begin(), only.end(), section) != only.end();
   };
@@ -391,10 +435,11 @@ int Main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("gemm-bench on %s (%d SMs), median of repeated runs, CUDA events\n", prop.name,
-              prop.multiProcessorCount);
-  std::printf("%-8s %-22s %-9s %-44s %11s %9s %7s %10s\n", "group", "problem", "dtype", "variant",
-              "us", "TFLOP/s", "x cuBLAS", "rel.err");
+  std::printf("gemm-bench on %s (%d SMs), median of repeated runs, CUDA events, %s timing\n",
+              prop.name, prop.multiProcessorCount,
+              g_timing == Timing::kBackToBack ? "back-to-back" : "isolated");
+  std::printf("%-8s %-22s %-9s %-44s %11s %9s %7s %10s  %s\n", "group", "problem", "dtype",
+              "variant", "us", "TFLOP/s", "x cuBLAS", "rel.err", "tiles");
   Bench bench(quick);
   const std::vector<std::pair<Shape, std::string>> sizes = {
       {{1024, 1024, 1024}, "1024^3"}, {{2048, 2048, 2048}, "2048^3"},
@@ -405,16 +450,21 @@ int Main(int argc, char** argv) {
                                  std::pair{DType::kFloat16, Precision::kDefault},
                                  std::pair{DType::kFloat32, Precision::kTF32},
                                  std::pair{DType::kFloat32, Precision::kDefault}}) {
+      const std::string dtype = in == DType::kFloat32
+                                    ? (precision == Precision::kTF32 ? "tf32" : "float32")
+                                    : std::string(DTypeName(in));
+      if (!listed(dtypes_wanted, dtype)) continue;
       for (const auto& [shape, label] : sizes) {
         if (quick && shape.m > 4096) continue;
+        if (!listed(sizes_wanted, label)) continue;
         bench.Single(in, precision, shape, label);
       }
     }
   }
   if (want("grouped")) {
-    bench.Grouped("256 x [64,1024]", 256, 64, 1024);
-    bench.Grouped("1024 x [64,256]", 1024, 64, 256);
-    bench.Grouped("64 x [1024,4096]", 64, 1024, 4096);
+    if (listed(sizes_wanted, "256")) bench.Grouped("256 x [64,1024]", 256, 64, 1024);
+    if (listed(sizes_wanted, "1024")) bench.Grouped("1024 x [64,256]", 1024, 64, 256);
+    if (listed(sizes_wanted, "64")) bench.Grouped("64 x [1024,4096]", 64, 1024, 4096);
   }
   bench.WriteJson(json);
   return 0;
