@@ -4,7 +4,7 @@ kernel uses (m64nNk16 for bf16/fp16 with transpose immediates, m64nNk8 for
 tf32). Run it after changing the shapes: python3 gen_wgmma.py > wgmma_ops.cuh
 """
 
-NS = (128, 256)
+NS = (64, 128, 256)
 
 
 def wrapper(name, ptx, n, with_transpose):

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -29,8 +30,9 @@ enum class Path { kHopper, kSimt, kCublas };
 
 // The pieces of a Run's workspace, in order.
 struct WorkspaceLayout {
-  // Hopper: table, tile offsets, map flags (zeroed with the table), the
-  // problem of each tile (sized for the narrow tiles, the larger count), maps.
+  // Hopper: table, tile offsets, map flags and the tile counter (zeroed with
+  // the table), the problem of each tile (sized for the smallest tiles, the
+  // largest count), maps.
   size_t hopper_table = 0, hopper_offsets = 0, hopper_flags = 0, hopper_tile_problem = 0,
          hopper_maps = 0;
   // SIMT: table and tile offsets.
@@ -150,10 +152,19 @@ absl::StatusOr<std::unique_ptr<GroupedGemmLauncher>> GroupedGemmLauncher::Create
   launcher->hopper_ = prop.major == 9 && prop.minor == 0;
   if (!launcher->hopper_) return launcher;
 
+  e = PrepareHopperGemm();
+  if (e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("preparing the Hopper kernels: ", CudaErrorString(e)));
+  }
+  e = HopperMaxActiveClusters(&launcher->max_clusters_);
+  if (e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("querying cluster occupancy: ", CudaErrorString(e)));
+  }
+  launcher->max_clusters_ = std::min(launcher->max_clusters_, launcher->num_sms_ / 2);
   e = cudaMalloc(&launcher->impl_->scratch, 256 * 128);
   if (e != cudaSuccess) return absl::ResourceExhaustedError(CudaErrorString(e));
   for (DType t : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
-    for (int n : {kHopperWideN, kHopperNarrowN}) {
+    for (int n : {kHopperWideN, kHopperNarrowN, kHopperSmallN}) {
       HopperTemplates templates;
       e = EncodeHopperTemplates(t, n, launcher->impl_->scratch, &templates);
       if (e != cudaSuccess) {
@@ -199,6 +210,7 @@ cudaError_t EncodeHopperTemplates(DType input, int tile_n, void* scratch, Hopper
   if (make(&out->a_kmajor, row, kHopperTileM) != CUDA_SUCCESS ||
       make(&out->a_mnmajor, row, row) != CUDA_SUCCESS ||
       make(&out->b_kmajor, row, static_cast<uint32_t>(tile_n)) != CUDA_SUCCESS ||
+      make(&out->b_kmajor_half, row, static_cast<uint32_t>(tile_n / 2)) != CUDA_SUCCESS ||
       make(&out->b_mnmajor, row, row) != CUDA_SUCCESS) {
     return cudaErrorInvalidValue;
   }
@@ -248,13 +260,53 @@ std::vector<Path> Plan(absl::Span<const DeviceGemmProblem> problems,
   return paths;
 }
 
+// Estimated time of the Hopper problems on `num_sms` SMs with tiles of width
+// `tile_n`, in units of one 128x256x64 k-block at the wide tile's rate. Each
+// tile costs its k-blocks at the width's relative rate plus a fixed
+// per-tile cost (pipeline fill, epilogue, tile lookup); the persistent grid
+// hands tiles out in order to whichever SM is free, so the estimate is that
+// list schedule: exact for one problem (whole waves), simulated for small
+// batches, and work / SMs plus the longest tile for large ones.
+double EstimateHopperTime(const std::vector<DeviceGemmProblem>& problems, DType input, int tile_n,
+                          int num_sms) {
+  // Relative rate per FLOP of the narrower tiles (less reuse of each loaded
+  // byte, shorter wgmma instructions).
+  const double rate = tile_n == kHopperWideN ? 1.0 : (tile_n == kHopperNarrowN ? 0.85 : 0.65);
+  constexpr double kPerTile = 2.0;
+  const int64_t bk = 128 / static_cast<int64_t>(ElementSize(input));
+  int64_t tiles = 0;
+  double work = 0, longest = 0;
+  for (const DeviceGemmProblem& p : problems) {
+    const int64_t n = CeilDiv(p.m, kHopperTileM) * CeilDiv(p.n, tile_n);
+    const double cost = CeilDiv(p.k, bk) * (tile_n / 256.0) / rate + kPerTile;
+    tiles += n;
+    work += n * cost;
+    longest = std::max(longest, cost);
+  }
+  if (problems.size() == 1) {
+    return static_cast<double>(CeilDiv(tiles, num_sms)) * longest;
+  }
+  if (tiles > 4 * static_cast<int64_t>(num_sms)) return work / num_sms + longest;
+  std::vector<double> free_at(num_sms, 0.0);  // A min-heap of SM finish times.
+  for (const DeviceGemmProblem& p : problems) {
+    const int64_t n = CeilDiv(p.m, kHopperTileM) * CeilDiv(p.n, tile_n);
+    const double cost = CeilDiv(p.k, bk) * (tile_n / 256.0) / rate + kPerTile;
+    for (int64_t i = 0; i < n; ++i) {
+      std::pop_heap(free_at.begin(), free_at.end(), std::greater<>());
+      free_at.back() += cost;
+      std::push_heap(free_at.begin(), free_at.end(), std::greater<>());
+    }
+  }
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
 WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::vector<Path>& paths,
                        const GroupedGemmOptions& o) {
   size_t hopper = 0, simt = 0, transposes = 0, hopper_tiles = 0;
   for (size_t i = 0; i < problems.size(); ++i) {
     if (paths[i] == Path::kHopper) {
       ++hopper;
-      hopper_tiles += CeilDiv(problems[i].m, kHopperTileM) * CeilDiv(problems[i].n, kHopperNarrowN);
+      hopper_tiles += CeilDiv(problems[i].m, kHopperTileM) * CeilDiv(problems[i].n, kHopperSmallN);
       if (o.input == DType::kFloat32) transposes += Tf32TransposeBytes(problems[i]);
     } else if (paths[i] == Path::kSimt) {
       ++simt;
@@ -266,8 +318,8 @@ WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::
   at += AlignUp(hopper * sizeof(DeviceGemmProblem));
   l.hopper_offsets = at;
   at += AlignUp((hopper + 1) * sizeof(int32_t));
-  l.hopper_flags = at;
-  at += AlignUp(hopper * sizeof(unsigned long long));
+  l.hopper_flags = at;  // One flag per problem, then the tile counter.
+  at += AlignUp((hopper + 1) * sizeof(unsigned long long));
   l.hopper_tile_problem = at;
   at += AlignUp(hopper_tiles * sizeof(int32_t));
   l.hopper_maps = at;
@@ -403,15 +455,37 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     hopper.push_back(p);
   }
   if (!hopper.empty()) {
-    // Wide tiles unless that leaves SMs idle.
-    auto tiles_for = [&](int tile_n) {
-      int64_t total = 0;
-      for (const auto& p : hopper) total += CeilDiv(p.m, kHopperTileM) * CeilDiv(p.n, tile_n);
-      return total;
+    // The tile width with the shortest estimated time (ties: the wider).
+    int tile_n = options.hopper_tile_n;
+    if (tile_n == 0) {
+      tile_n = kHopperWideN;
+      double best = EstimateHopperTime(hopper, options.input, kHopperWideN, num_sms_);
+      for (int n : {kHopperNarrowN, kHopperSmallN}) {
+        const double t = EstimateHopperTime(hopper, options.input, n, num_sms_);
+        if (t < best) {
+          best = t;
+          tile_n = n;
+        }
+      }
+    } else if (tile_n != kHopperWideN && tile_n != kHopperNarrowN && tile_n != kHopperSmallN) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hopper_tile_n must be 0, 64, 128 or 256, not ", tile_n));
+    }
+    // Clusters: pairs of tile rows as one unit.
+    int cluster = options.hopper_cluster;
+    if (cluster != 0 && cluster != 1 && cluster != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hopper_cluster must be 0, 1 or 2, not ", cluster));
+    }
+    // Pairs are opt-in: measured on the H200 (docs/BENCHMARKS.md) they run
+    // 5-10% slower than single CTAs with the dynamic tile counter, so the
+    // launcher's own choice is single CTAs.
+    if (tile_n != kHopperWideN || max_clusters_ == 0 || cluster == 0) cluster = 1;
+    auto units_of = [&](const DeviceGemmProblem& p) {
+      return CeilDiv(CeilDiv(p.m, kHopperTileM), cluster) * CeilDiv(p.n, tile_n);
     };
-    int tile_n = kHopperWideN;
-    if (tiles_for(kHopperWideN) < 2 * num_sms_) tile_n = kHopperNarrowN;
-    const int64_t total = tiles_for(tile_n);
+    int64_t total = 0;
+    for (const auto& p : hopper) total += units_of(p);
     if (total > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
     // Table, offsets, zeroed flags and zeroed tensor-map slots in one host
     // buffer, one copy. The map slots are overwritten by the kernel; zeroing
@@ -426,7 +500,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     int32_t at = 0;
     for (size_t i = 0; i < hopper.size(); ++i) {
       offsets[i] = at;
-      at += static_cast<int32_t>(CeilDiv(hopper[i].m, kHopperTileM) * CeilDiv(hopper[i].n, tile_n));
+      at += static_cast<int32_t>(units_of(hopper[i]));
     }
     offsets[hopper.size()] = at;
     auto* tile_problem = reinterpret_cast<int32_t*>(host.data() + layout.hopper_tile_problem -
@@ -449,16 +523,19 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     l.total_tiles = static_cast<int>(total);
     l.maps = reinterpret_cast<CUtensorMap*>(ws + layout.hopper_maps);
     l.map_flags = reinterpret_cast<unsigned long long*>(ws + layout.hopper_flags);
+    l.tile_counter = reinterpret_cast<unsigned int*>(l.map_flags + hopper.size());
     l.epoch = 1;  // Flags were zeroed by the copy above.
+    l.cluster = cluster;
     l.grid = options.family == KernelFamily::kNonPersistent
-                 ? static_cast<int>(total)
-                 : static_cast<int>(std::min<int64_t>(total, num_sms_));
+                 ? static_cast<int>(total) * cluster
+                 : (cluster == 2 ? 2 * static_cast<int>(std::min<int64_t>(total, max_clusters_))
+                                 : static_cast<int>(std::min<int64_t>(total, num_sms_)));
     l.templates = &impl_->templates.at({options.input, tile_n});
     l.stream = stream;
     if (auto s = check(LaunchHopperGemm(l)); !s.ok()) return s;
     ++r.launches;
     r.hopper_problems = static_cast<int>(hopper.size());
-    r.hopper_tile = absl::StrCat(kHopperTileM, "x", tile_n);
+    r.hopper_tile = absl::StrCat(kHopperTileM, "x", tile_n, cluster == 2 ? " x2 cluster" : "");
   }
 
   // ---- SIMT problems ------------------------------------------------------------

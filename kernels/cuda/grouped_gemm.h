@@ -60,6 +60,13 @@ struct GroupedGemmOptions {
   // Exact float32/float64 problems with at least this many FLOPs go to
   // cuBLAS under kPersistent (our SIMT kernel is slower there); 0 = never.
   double cublas_min_flops = 2.0 * 512 * 512 * 512;
+  // Width of the Hopper kernel's output tiles (128 rows by 256, 128 or 64
+  // columns); 0 lets a cost model choose per batch. For benchmarks and tests.
+  int hopper_tile_n = 0;
+  // CTAs per cluster for the Hopper kernel: 2 pairs vertically adjacent wide
+  // tiles that share B through TMA multicast (static tile order), 1 never
+  // does, 0 lets the launcher choose (at present: 1, the faster on the H200).
+  int hopper_cluster = 0;
 };
 
 // What ran, for benchmarks and tests.
@@ -70,7 +77,8 @@ struct LaunchReport {
   int hopper_problems = 0;
   int simt_problems = 0;
   int cublas_problems = 0;
-  // "128x256" or "128x128" for the Hopper tiles used.
+  // "128x256", "128x128" or "128x64" for the Hopper tiles used, with
+  // " x2 cluster" when tiles ran in pairs.
   std::string hopper_tile;
 };
 
@@ -106,6 +114,8 @@ class GroupedGemmLauncher {
 
   int device_ = 0;
   int num_sms_ = 0;
+  // 2-CTA clusters of the wide kernel that fit on the device at once.
+  int max_clusters_ = 0;
   bool hopper_ = false;
   // cuBLAS handle and tensor-map templates.
   std::unique_ptr<Impl> impl_;

@@ -6,9 +6,30 @@
 // and 2 are consumers (registers raised with setmaxnreg): each owns 64 rows
 // of the 128-row output tile, waits for a full stage, runs wgmma on it from
 // shared memory, and releases the stage on its "empty" mbarrier. The grid
-// walks one tile list that covers every problem of the batch (tile t goes to
-// CTA t mod grid); within a problem tiles go in groups of 8 tile-rows so that
-// neighbouring CTAs share A and B panels in L2.
+// walks one tile list that covers every problem of the batch; within a
+// problem tiles go in groups of 8 tile-rows so that neighbouring CTAs share
+// A and B panels in L2.
+//
+// Tile scheduling: CTA b starts with tile b; after that the producer takes
+// the next tile from a global counter (one atomicAdd a tile, issued as the
+// current tile starts so that its latency hides behind the loads). Tiles are
+// thus handed out in list order to whichever CTA is free, as the hardware
+// does for one CTA per tile: the tiles in flight stay a contiguous window
+// of the list (so the L2 panels they share stay resident), and tiles of
+// unequal cost balance across SMs. The producer writes each stage's tile
+// index into shared memory before the stage's full barrier completes; the
+// consumers read it there after waiting, so no other handshake is needed. A
+// stage carrying -1 ends the consumers' loop.
+//
+// Clusters (kCluster = 2): two CTAs on neighbouring SMs take a pair of
+// vertically adjacent tiles (same B panel, two A panels) as one unit. Each
+// loads its own A tile and half of the shared B tile, multicast into both
+// CTAs' shared memory, so each SM pulls 32 KiB a k-block from L2 instead of
+// 48 KiB. A stage is free again only when the consumers of both CTAs are
+// done with it: each consumer releases it on both CTAs' empty barriers.
+// Units are handed out statically (unit u to cluster u mod clusters), since
+// both CTAs of a cluster must walk the same units. A pair whose second tile
+// lies below the problem computes on TMA's zero fill and stores nothing.
 //
 // Tensor maps: TMA needs one map per operand. The host encodes templates
 // (box, swizzle, element type) once; the first CTA that needs a problem
@@ -78,6 +99,40 @@ __device__ __forceinline__ void TmaLoad2d(void* dst, const CUtensorMap* map, int
       " [%0], [%1, {%2, %3}], [%4];" ::"r"(SmemAddr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(SmemAddr(bar))
       : "memory");
+}
+
+// Loads a box into the same shared-memory offset of every CTA in `mask`,
+// completing bytes on each one's barrier at `bar`'s offset.
+__device__ __forceinline__ void TmaLoad2dMulticast(void* dst, const CUtensorMap* map, int c0,
+                                                   int c1, uint64_t* bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(SmemAddr(bar)), "h"(mask)
+      : "memory");
+}
+
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// Arrives on the barrier at `bar`'s offset in cluster CTA `rank`.
+__device__ __forceinline__ void MbarArriveCluster(uint64_t* bar, uint32_t rank) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(SmemAddr(bar)),
+      "r"(rank)
+      : "memory");
+}
+
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
 }
 
 // Patches a tensor map in shared memory: base address, the two extents
@@ -178,13 +233,16 @@ template <typename T, int BN, int kAmn, int kBmn>
 __device__ __forceinline__ void Mma(float (&acc)[BN / 2], uint64_t da, uint64_t db) {
   if constexpr (sizeof(T) == 4) {
     if constexpr (BN == 256) wgmma::MmaTf32N256(acc, da, db, 1);
-    else wgmma::MmaTf32N128(acc, da, db, 1);
+    else if constexpr (BN == 128) wgmma::MmaTf32N128(acc, da, db, 1);
+    else wgmma::MmaTf32N64(acc, da, db, 1);
   } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if constexpr (BN == 256) wgmma::MmaBf16N256<kAmn, kBmn>(acc, da, db, 1);
-    else wgmma::MmaBf16N128<kAmn, kBmn>(acc, da, db, 1);
+    else if constexpr (BN == 128) wgmma::MmaBf16N128<kAmn, kBmn>(acc, da, db, 1);
+    else wgmma::MmaBf16N64<kAmn, kBmn>(acc, da, db, 1);
   } else {
     if constexpr (BN == 256) wgmma::MmaF16N256<kAmn, kBmn>(acc, da, db, 1);
-    else wgmma::MmaF16N128<kAmn, kBmn>(acc, da, db, 1);
+    else if constexpr (BN == 128) wgmma::MmaF16N128<kAmn, kBmn>(acc, da, db, 1);
+    else wgmma::MmaF16N64<kAmn, kBmn>(acc, da, db, 1);
   }
 }
 
@@ -199,20 +257,24 @@ struct Params {
   int total_tiles;
   CUtensorMap* maps;
   unsigned long long* map_flags;
+  // Tiles handed out after each CTA's first (zero at launch).
+  unsigned int* tile_counter;
   unsigned long long epoch;
   DType output;
 };
 
 template <int BN>
 struct Layout {
-  static constexpr int kStages = BN == 256 ? 4 : 6;
+  // About 192 KiB of stages whatever the width.
+  static constexpr int kStages = BN == 256 ? 4 : (BN == 128 ? 6 : 8);
   static constexpr int kABytes = kBM * kRowBytes;       // 16 KiB per stage
-  static constexpr int kBBytes = BN * kRowBytes;        // 32 or 16 KiB per stage
+  static constexpr int kBBytes = BN * kRowBytes;        // 32, 16 or 8 KiB per stage
   static constexpr int kStageBytes = kABytes + kBBytes;
-  // Stages (1024-byte aligned), then 2*kStages barriers, then two 128-byte
-  // tensor-map scratch slots.
+  // Stages (1024-byte aligned), then 2*kStages barriers, then each stage's
+  // tile index, then two 128-byte tensor-map scratch slots.
   static constexpr int kBarrierOffset = kStages * kStageBytes;
-  static constexpr int kMapOffset = kBarrierOffset + 2 * kStages * 8 + 128;
+  static constexpr int kTileOffset = kBarrierOffset + 2 * kStages * 8;
+  static constexpr int kMapOffset = kTileOffset + kStages * 4 + 128;
   static constexpr int kBytes = kMapOffset + 2 * 128 + 1024;  // + alignment slack
 };
 
@@ -223,12 +285,14 @@ struct TileCoord {
   int tile_n;
 };
 
-template <int BN>
+// With clusters, `tile` numbers a unit of kCluster tile-rows, and tile_m is
+// the unit's row (this CTA's tile row is tile_m * kCluster + its rank).
+template <int BN, int kCluster>
 __device__ __forceinline__ TileCoord Locate(const Params& p, int tile) {
   const int prob = __ldg(&p.tile_problem[tile]);
   const DeviceGemmProblem& pr = p.problems[prob];
   const int local = tile - __ldg(&p.tile_offsets[prob]);
-  const int tiles_m = static_cast<int>((pr.m + kBM - 1) / kBM);
+  const int tiles_m = static_cast<int>((pr.m + kCluster * kBM - 1) / (kCluster * kBM));
   const int tiles_n = static_cast<int>((pr.n + BN - 1) / BN);
   const int per_group = kGroupRows * tiles_n;
   const int group = local / per_group;
@@ -240,7 +304,7 @@ __device__ __forceinline__ TileCoord Locate(const Params& p, int tile) {
 
 // Producer warp: makes sure problem `prob`'s tensor maps are built and
 // visible; returns them.
-template <typename T>
+template <typename T, int kCluster>
 __device__ void EnsureMaps(const Params& p, int prob, CUtensorMap* scratch,
                            const CUtensorMap** map_a, const CUtensorMap** map_b) {
   const int lane = threadIdx.x & 31;
@@ -258,7 +322,9 @@ __device__ void EnsureMaps(const Params& p, int prob, CUtensorMap* scratch,
   if (state == 1) {
     const DeviceGemmProblem& pr = p.problems[prob];
     const CUtensorMap* ta = pr.transpose_a ? &p.templates.a_mnmajor : &p.templates.a_kmajor;
-    const CUtensorMap* tb = pr.transpose_b ? &p.templates.b_kmajor : &p.templates.b_mnmajor;
+    const CUtensorMap* tb =
+        pr.transpose_b ? (kCluster > 1 ? &p.templates.b_kmajor_half : &p.templates.b_kmajor)
+                       : &p.templates.b_mnmajor;
     // 128 bytes each: lanes 0-15 copy A's template, 16-31 B's.
     const uint64_t* src = reinterpret_cast<const uint64_t*>(lane < 16 ? ta : tb);
     reinterpret_cast<uint64_t*>(scratch + (lane < 16 ? 0 : 1))[lane & 15] = src[lane & 15];
@@ -301,67 +367,107 @@ __device__ void EnsureMaps(const Params& p, int prob, CUtensorMap* scratch,
   *map_b = gb;
 }
 
-template <typename T, int BN>
+// Producer lane 0: the tile (unit) after `tile` (total_tiles when none).
+template <int kCluster>
+__device__ __forceinline__ int ClaimTile(const Params& p, int tile) {
+  const int ctas = static_cast<int>(gridDim.x) / kCluster;
+  if (ctas >= p.total_tiles) return p.total_tiles;  // One tile per CTA (or cluster).
+  if constexpr (kCluster > 1) return tile + ctas;
+  return static_cast<int>(gridDim.x + atomicAdd(p.tile_counter, 1u));
+}
+
+template <typename T, int BN, int kCluster>
 __device__ void Produce(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty,
-                        CUtensorMap* scratch) {
+                        volatile int* stage_tile, CUtensorMap* scratch) {
   using L = Layout<BN>;
   constexpr int BK = Elem<T>::kBK;
   const int lane = threadIdx.x & 31;
-  int tile = blockIdx.x;
-  if (tile >= p.total_tiles) return;
-  TileCoord t = Locate<BN>(p, tile);
-  const CUtensorMap* map_a;
-  const CUtensorMap* map_b;
-  EnsureMaps<T>(p, t.problem, scratch, &map_a, &map_b);
+  const int rank = kCluster > 1 ? static_cast<int>(ClusterRank()) : 0;
+  int tile = static_cast<int>(blockIdx.x) / kCluster;
   int seq = 0;
-  for (; tile < p.total_tiles; tile += gridDim.x) {
-    const DeviceGemmProblem& pr = p.problems[t.problem];
-    const int kblocks = static_cast<int>((pr.k + BK - 1) / BK);
-    // The next tile's maps are made ready while this tile's loads wait for
-    // free stages, off the consumers' critical path.
-    const int next_tile = tile + gridDim.x;
-    const bool has_next = next_tile < p.total_tiles;
-    const TileCoord next = has_next ? Locate<BN>(p, next_tile) : t;
-    bool next_ready = !has_next || next.problem == t.problem;
-    const CUtensorMap* next_a = map_a;
-    const CUtensorMap* next_b = map_b;
-    const int prepare_at = min(kblocks, L::kStages) - 1;
-    const int m0 = t.tile_m * kBM;
-    const int n0 = t.tile_n * BN;
-    for (int kb = 0; kb < kblocks; ++kb, ++seq) {
-      if (lane == 0) {
-        const int s = seq % L::kStages;
-        MbarWait(&empty[s], ((seq / L::kStages) & 1) ^ 1);
-        MbarExpectTx(&full[s], L::kStageBytes);
-        uint8_t* sa = stages + s * L::kStageBytes;
-        uint8_t* sb = sa + L::kABytes;
-        const int k0 = kb * BK;
-        if (pr.transpose_a) {  // MN-major: two 64-wide boxes.
-          TmaLoad2d(sa, map_a, m0, k0, &full[s]);
-          TmaLoad2d(sa + BK * kRowBytes, map_a, m0 + 64, k0, &full[s]);
-        } else {
-          TmaLoad2d(sa, map_a, k0, m0, &full[s]);
-        }
-        if (pr.transpose_b) {  // K-major: one box of BN rows.
-          TmaLoad2d(sb, map_b, k0, n0, &full[s]);
-        } else {
+  if (tile < p.total_tiles) {
+    TileCoord t = Locate<BN, kCluster>(p, tile);
+    const CUtensorMap* map_a;
+    const CUtensorMap* map_b;
+    EnsureMaps<T, kCluster>(p, t.problem, scratch, &map_a, &map_b);
+    while (tile < p.total_tiles) {
+      // Claimed now, used after this tile's loads: the atomic's latency
+      // hides behind them.
+      int next_tile = 0;
+      if (lane == 0) next_tile = ClaimTile<kCluster>(p, tile);
+      const DeviceGemmProblem& pr = p.problems[t.problem];
+      const int kblocks = static_cast<int>((pr.k + BK - 1) / BK);
+      const int prepare_at = min(kblocks, L::kStages) - 1;
+      const int m0 = (t.tile_m * kCluster + rank) * kBM;
+      const int n0 = t.tile_n * BN;
+      TileCoord next = t;
+      const CUtensorMap* next_a = map_a;
+      const CUtensorMap* next_b = map_b;
+      for (int kb = 0; kb < kblocks; ++kb, ++seq) {
+        if (lane == 0) {
+          const int s = seq % L::kStages;
+          MbarWait(&empty[s], ((seq / L::kStages) & 1) ^ 1);
+          stage_tile[s] = tile;  // Released to the consumers by the arrive below.
+          MbarExpectTx(&full[s], L::kStageBytes);
+          uint8_t* sa = stages + s * L::kStageBytes;
+          uint8_t* sb = sa + L::kABytes;
+          const int k0 = kb * BK;
+          if (pr.transpose_a) {  // MN-major: two 64-wide boxes.
+            TmaLoad2d(sa, map_a, m0, k0, &full[s]);
+            TmaLoad2d(sa + BK * kRowBytes, map_a, m0 + 64, k0, &full[s]);
+          } else {
+            TmaLoad2d(sa, map_a, k0, m0, &full[s]);
+          }
+          if constexpr (kCluster > 1) {
+            // This CTA's half of B, into both CTAs.
+            constexpr int kHalf = BN / 2;
+            if (pr.transpose_b) {  // K-major: a box of BN/2 rows.
+              TmaLoad2dMulticast(sb + rank * kHalf * kRowBytes, map_b, k0, n0 + rank * kHalf,
+                                 &full[s], 0x3);
+            } else {
 #pragma unroll
-          for (int h = 0; h < BN / 64; ++h) {
-            TmaLoad2d(sb + h * BK * kRowBytes, map_b, n0 + h * 64, k0, &full[s]);
+              for (int h = 0; h < kHalf / 64; ++h) {
+                const int box = rank * (kHalf / 64) + h;
+                TmaLoad2dMulticast(sb + box * BK * kRowBytes, map_b, n0 + box * 64, k0, &full[s],
+                                   0x3);
+              }
+            }
+          } else if (pr.transpose_b) {  // K-major: one box of BN rows.
+            TmaLoad2d(sb, map_b, k0, n0, &full[s]);
+          } else {
+#pragma unroll
+            for (int h = 0; h < BN / 64; ++h) {
+              TmaLoad2d(sb + h * BK * kRowBytes, map_b, n0 + h * 64, k0, &full[s]);
+            }
+          }
+        }
+        __syncwarp();
+        // The next tile's maps are made ready while this tile's loads wait
+        // for free stages, off the consumers' critical path.
+        if (kb == prepare_at) {
+          next_tile = __shfl_sync(0xffffffffu, next_tile, 0);
+          if (next_tile < p.total_tiles) {
+            next = Locate<BN, kCluster>(p, next_tile);
+            if (next.problem != t.problem) {
+              EnsureMaps<T, kCluster>(p, next.problem, scratch, &next_a, &next_b);
+            }
           }
         }
       }
-      __syncwarp();
-      if (kb == prepare_at && !next_ready) {
-        EnsureMaps<T>(p, next.problem, scratch, &next_a, &next_b);
-        next_ready = true;
-      }
+      map_a = next_a;
+      map_b = next_b;
+      t = next;
+      tile = next_tile;
     }
-    if (!next_ready) EnsureMaps<T>(p, next.problem, scratch, &next_a, &next_b);
-    map_a = next_a;
-    map_b = next_b;
-    t = next;
   }
+  // End of work: a stage with tile -1 and no bytes.
+  if (lane == 0) {
+    const int s = seq % L::kStages;
+    MbarWait(&empty[s], ((seq / L::kStages) & 1) ^ 1);
+    stage_tile[s] = -1;
+    MbarArrive(&full[s]);
+  }
+  __syncwarp();
 }
 
 template <typename TOut>
@@ -435,7 +541,15 @@ __device__ void Epilogue(const DeviceGemmProblem& pr, const float (&acc)[BN / 2]
   }
 }
 
-template <typename T, int BN, int kAmn, int kBmn>
+// Gives stage `s` back to the producers: this CTA's and, with clusters, the
+// peer's (whose multicast writes into this CTA's stage too).
+template <int kCluster>
+__device__ __forceinline__ void Release(uint64_t* empty, int s) {
+  MbarArrive(&empty[s]);
+  if constexpr (kCluster > 1) MbarArriveCluster(&empty[s], ClusterRank() ^ 1);
+}
+
+template <typename T, int BN, int kCluster, int kAmn, int kBmn>
 __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, uint64_t* full,
                                          uint64_t* empty, int kblocks, int& seq, int wg) {
   using L = Layout<BN>;
@@ -471,39 +585,50 @@ __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, 
     // its stage goes back to the producer.
     WgmmaWait<1>();
     FenceRegisters(acc);
-    if (leader && previous >= 0) MbarArrive(&empty[previous]);
+    if (leader && previous >= 0) Release<kCluster>(empty, previous);
     previous = s;
   }
   WgmmaWait<0>();
   FenceRegisters(acc);
-  if (leader && previous >= 0) MbarArrive(&empty[previous]);
+  if (leader && previous >= 0) Release<kCluster>(empty, previous);
 }
 
-template <typename T, int BN>
-__device__ void Consume(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty) {
+template <typename T, int BN, int kCluster>
+__device__ void Consume(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty,
+                        const volatile int* stage_tile) {
+  using L = Layout<BN>;
   constexpr int BK = Elem<T>::kBK;
   const int wg = (threadIdx.x >> 7) - 1;  // 0 or 1
   float acc[BN / 2];
   int seq = 0;
-  for (int tile = blockIdx.x; tile < p.total_tiles; tile += gridDim.x) {
-    const TileCoord t = Locate<BN>(p, tile);
+  while (true) {
+    // The tile's first stage says which tile it is (MainLoop's own wait on
+    // this stage then returns at once).
+    {
+      const int s = seq % L::kStages;
+      MbarWait(&full[s], (seq / L::kStages) & 1);
+    }
+    const int tile = stage_tile[seq % L::kStages];
+    if (tile < 0) break;
+    const TileCoord t = Locate<BN, kCluster>(p, tile);
     const DeviceGemmProblem& pr = p.problems[t.problem];
     const int kblocks = static_cast<int>((pr.k + BK - 1) / BK);
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
     FenceRegisters(acc);
     if constexpr (sizeof(T) == 4) {
-      MainLoop<T, BN, 0, 0>(acc, stages, full, empty, kblocks, seq, wg);
+      MainLoop<T, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg);
     } else {
       const int layout = (pr.transpose_a ? 2 : 0) + (pr.transpose_b ? 0 : 1);
       switch (layout) {
-        case 0: MainLoop<T, BN, 0, 0>(acc, stages, full, empty, kblocks, seq, wg); break;
-        case 1: MainLoop<T, BN, 0, 1>(acc, stages, full, empty, kblocks, seq, wg); break;
-        case 2: MainLoop<T, BN, 1, 0>(acc, stages, full, empty, kblocks, seq, wg); break;
-        default: MainLoop<T, BN, 1, 1>(acc, stages, full, empty, kblocks, seq, wg); break;
+        case 0: MainLoop<T, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg); break;
+        case 1: MainLoop<T, BN, kCluster, 0, 1>(acc, stages, full, empty, kblocks, seq, wg); break;
+        case 2: MainLoop<T, BN, kCluster, 1, 0>(acc, stages, full, empty, kblocks, seq, wg); break;
+        default: MainLoop<T, BN, kCluster, 1, 1>(acc, stages, full, empty, kblocks, seq, wg); break;
       }
     }
-    const int row0 = t.tile_m * kBM + wg * 64;
+    const int rank = kCluster > 1 ? static_cast<int>(ClusterRank()) : 0;
+    const int row0 = (t.tile_m * kCluster + rank) * kBM + wg * 64;
     const int col0 = t.tile_n * BN;
     switch (p.output) {
       case DType::kFloat32: Epilogue<float, BN>(pr, acc, row0, col0); break;
@@ -513,7 +638,7 @@ __device__ void Consume(const Params& p, uint8_t* stages, uint64_t* full, uint64
   }
 }
 
-template <typename T, int BN>
+template <typename T, int BN, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<BN>;
@@ -522,34 +647,46 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint64_t* full = reinterpret_cast<uint64_t*>(stages + L::kBarrierOffset);
   uint64_t* empty = full + L::kStages;
+  int* stage_tile = reinterpret_cast<int*>(stages + L::kTileOffset);
   CUtensorMap* scratch = reinterpret_cast<CUtensorMap*>(
-      (reinterpret_cast<uintptr_t>(empty + L::kStages) + 127) & ~uintptr_t{127});
+      (reinterpret_cast<uintptr_t>(stage_tile + L::kStages) + 127) & ~uintptr_t{127});
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
       MbarInit(&full[s], 1);
-      MbarInit(&empty[s], 2);
+      MbarInit(&empty[s], 2 * kCluster);  // Both consumers of every CTA sharing the stage.
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  // The peer CTA arrives on these barriers and writes these stages.
+  if constexpr (kCluster > 1) {
+    ClusterSync();
+  } else {
+    __syncthreads();
+  }
   // Register budget: 128 x 56 + 256 x 224 <= 64 Ki. ptxas holds the producer
   // to 56 (at 40 its look-ahead code spilled).
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
-    if (threadIdx.x < 32) Produce<T, BN>(p, stages, full, empty, scratch);
+    if (threadIdx.x < 32) Produce<T, BN, kCluster>(p, stages, full, empty, stage_tile, scratch);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
-    Consume<T, BN>(p, stages, full, empty);
+    Consume<T, BN, kCluster>(p, stages, full, empty, stage_tile);
   }
+  // No CTA leaves while its peer may still arrive on its barriers.
+  if constexpr (kCluster > 1) ClusterSync();
 #endif
 }
 
-template <typename T, int BN>
+template <typename T, int BN, int kCluster>
+cudaError_t Prepare() {
+  return cudaFuncSetAttribute(HopperGroupedGemm<T, BN, kCluster>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<BN>::kBytes);
+}
+
+template <typename T, int BN, int kCluster>
 cudaError_t Launch(const HopperLaunch& l) {
   using L = Layout<BN>;
-  auto kernel = HopperGroupedGemm<T, BN>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
-  if (e != cudaSuccess) return e;
+  auto kernel = HopperGroupedGemm<T, BN, kCluster>;
   Params p;
   p.templates = *l.templates;
   p.problems = l.problems;
@@ -559,25 +696,94 @@ cudaError_t Launch(const HopperLaunch& l) {
   p.total_tiles = l.total_tiles;
   p.maps = l.maps;
   p.map_flags = l.map_flags;
+  p.tile_counter = l.tile_counter;
   p.epoch = l.epoch;
   p.output = l.output;
-  kernel<<<l.grid, kThreads, L::kBytes, l.stream>>>(p);
-  return cudaGetLastError();
+  if constexpr (kCluster == 1) {
+    kernel<<<l.grid, kThreads, L::kBytes, l.stream>>>(p);
+    return cudaGetLastError();
+  } else {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(l.grid);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = L::kBytes;
+    config.stream = l.stream;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = kCluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, p);
+  }
 }
 
 }  // namespace
 
+cudaError_t PrepareHopperGemm() {
+  for (cudaError_t e :
+       {Prepare<__nv_bfloat16, 256, 1>(), Prepare<__nv_bfloat16, 128, 1>(),
+        Prepare<__nv_bfloat16, 64, 1>(), Prepare<__half, 256, 1>(), Prepare<__half, 128, 1>(),
+        Prepare<__half, 64, 1>(), Prepare<float, 256, 1>(), Prepare<float, 128, 1>(),
+        Prepare<float, 64, 1>(), Prepare<__nv_bfloat16, 256, 2>(), Prepare<__half, 256, 2>(),
+        Prepare<float, 256, 2>()}) {
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t HopperMaxActiveClusters(int* clusters) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(2 * 1024);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = Layout<256>::kBytes;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = 2;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaOccupancyMaxActiveClusters(clusters, HopperGroupedGemm<__nv_bfloat16, 256, 2>,
+                                        &config);
+}
+
 cudaError_t LaunchHopperGemm(const HopperLaunch& l) {
   if (l.total_tiles == 0) return cudaSuccess;
-  if (l.tile_n != kHopperWideN && l.tile_n != kHopperNarrowN) return cudaErrorInvalidValue;
-  const bool wide = l.tile_n == kHopperWideN;
-  switch (l.input) {
-    case DType::kBFloat16:
-      return wide ? Launch<__nv_bfloat16, 256>(l) : Launch<__nv_bfloat16, 128>(l);
-    case DType::kFloat16:
-      return wide ? Launch<__half, 256>(l) : Launch<__half, 128>(l);
-    case DType::kFloat32:
-      return wide ? Launch<float, 256>(l) : Launch<float, 128>(l);
+  if (l.cluster == 2) {
+    if (l.tile_n != kHopperWideN || l.grid % 2 != 0) return cudaErrorInvalidValue;
+    switch (l.input) {
+      case DType::kBFloat16: return Launch<__nv_bfloat16, 256, 2>(l);
+      case DType::kFloat16: return Launch<__half, 256, 2>(l);
+      case DType::kFloat32: return Launch<float, 256, 2>(l);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  if (l.cluster != 1) return cudaErrorInvalidValue;
+  if (l.tile_counter == nullptr && l.grid < l.total_tiles) return cudaErrorInvalidValue;
+  switch (l.tile_n) {
+    case kHopperWideN:
+      switch (l.input) {
+        case DType::kBFloat16: return Launch<__nv_bfloat16, 256, 1>(l);
+        case DType::kFloat16: return Launch<__half, 256, 1>(l);
+        case DType::kFloat32: return Launch<float, 256, 1>(l);
+        default: return cudaErrorInvalidValue;
+      }
+    case kHopperNarrowN:
+      switch (l.input) {
+        case DType::kBFloat16: return Launch<__nv_bfloat16, 128, 1>(l);
+        case DType::kFloat16: return Launch<__half, 128, 1>(l);
+        case DType::kFloat32: return Launch<float, 128, 1>(l);
+        default: return cudaErrorInvalidValue;
+      }
+    case kHopperSmallN:
+      switch (l.input) {
+        case DType::kBFloat16: return Launch<__nv_bfloat16, 64, 1>(l);
+        case DType::kFloat16: return Launch<__half, 64, 1>(l);
+        case DType::kFloat32: return Launch<float, 64, 1>(l);
+        default: return cudaErrorInvalidValue;
+      }
     default:
       return cudaErrorInvalidValue;
   }

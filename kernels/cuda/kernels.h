@@ -25,12 +25,14 @@ struct HopperTemplates {
   CUtensorMap a_kmajor;   // A stored m x k (box: 128 rows x 128 bytes)
   CUtensorMap a_mnmajor;  // A stored k x m (box: 64 columns x BK rows)
   CUtensorMap b_kmajor;   // B stored n x k (box: BN rows x 128 bytes)
+  CUtensorMap b_kmajor_half;  // The same, BN/2 rows (each CTA's half in a cluster)
   CUtensorMap b_mnmajor;  // B stored k x n (box: 64 columns x BK rows)
 };
 
 // Tile widths with a compiled kernel.
 inline constexpr int kHopperWideN = 256;
 inline constexpr int kHopperNarrowN = 128;
+inline constexpr int kHopperSmallN = 64;
 
 // Encodes the templates (needs a live CUDA context; `scratch` is any
 // 16-byte-aligned device address, only used as a placeholder).
@@ -50,17 +52,31 @@ struct HopperLaunch {
   int total_tiles = 0;
   CUtensorMap* maps = nullptr;
   unsigned long long* map_flags = nullptr;
+  // Zeroed device counter the persistent grid takes tiles from (needed when
+  // grid < total_tiles).
+  unsigned int* tile_counter = nullptr;
   // Distinguishes this launch's flag values from earlier launches' (>= 1,
   // increasing per workspace).
   unsigned long long epoch = 1;
   // CTAs: the SM count for the persistent kernel, total_tiles for one CTA
-  // per tile.
+  // per tile (times `cluster`; with clusters, tiles count pairs of tiles).
   int grid = 0;
+  // CTAs per cluster: 1, or 2 (wide tiles only) for pairs of tiles that share
+  // B through TMA multicast.
+  int cluster = 1;
   const HopperTemplates* templates = nullptr;
   cudaStream_t stream = nullptr;
 };
 
+// Once per device, before the first launch (raises the kernels' shared
+// memory limit).
+cudaError_t PrepareHopperGemm();
+
 cudaError_t LaunchHopperGemm(const HopperLaunch& launch);
+
+// How many 2-CTA clusters of the wide kernel can run at once on the current
+// device (at most SMs / 2; fewer where a GPC has an odd SM count).
+cudaError_t HopperMaxActiveClusters(int* clusters);
 
 // ---- SIMT kernel (FFMA / DFMA; any alignment, any dtype) ---------------------
 

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstdio>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_engine.h"
@@ -44,6 +47,8 @@ class GroupedGemmTest : public ::testing::Test {
     o.output = out;
     o.precision = precision;
     o.family = family;
+    o.hopper_tile_n = tile_n_;
+    o.hopper_cluster = cluster_;
     LaunchReport report;
     Run(batch, o, &report);
     const double bound = ErrorBound(in, out, precision);
@@ -71,6 +76,10 @@ class GroupedGemmTest : public ::testing::Test {
   }
 
   std::mt19937_64 rng_{std::random_device{}()};
+  // Hopper tile width RunAndCheck asks for (0: the launcher's choice).
+  int tile_n_ = 0;
+  // CTAs per cluster RunAndCheck asks for (0: the launcher's choice).
+  int cluster_ = 0;
   std::unique_ptr<GroupedGemmLauncher> launcher_;
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;
@@ -188,24 +197,104 @@ TEST_F(GroupedGemmTest, AllFamiliesAgree) {
   }
 }
 
+// Every tile width the Hopper kernel has, on odd shapes, transposes, alpha
+// and beta, in both grid modes; the batch has more tiles than SMs, of
+// unequal depth, so the persistent grid hands most of them out from its
+// tile counter.
+TEST_F(GroupedGemmTest, EveryTileWidthBothGrids) {
+  for (const TypeCase& t : {kTypes[0], kTypes[1], kTypes[2]}) {
+    std::vector<HostProblem> batch;
+    const std::vector<std::array<int64_t, 3>> shapes = {
+        {1, 1, 1}, {333, 1, 777}, {130, 260, 72}, {700, 900, 40}, {1000, 1000, 1000}, {64, 64, 2000}};
+    for (const auto& s : shapes) {
+      for (int v = 0; v < 4; ++v) {
+        batch.push_back(MakeHostProblem(s[0], s[1], s[2], t.in, t.out, rng_, v & 1, v & 2,
+                                        v == 3 ? -0.75 : 1.5, v >= 2 ? 0.5 : 0.0));
+      }
+    }
+    for (auto [width, cluster] : {std::pair{256, 1}, std::pair{256, 2}, std::pair{128, 1},
+                                  std::pair{64, 1}}) {
+      tile_n_ = width;
+      cluster_ = cluster;
+      for (KernelFamily f : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
+        const LaunchReport report =
+            RunAndCheck(batch, t.in, t.out, t.precision, f, 0,
+                        absl::StrCat("width ", width, " cluster ", cluster, " family ",
+                                     static_cast<int>(f), " ", DTypeName(t.in)));
+        if (launcher_->has_hopper_kernels()) {
+          EXPECT_EQ(report.hopper_tile,
+                    absl::StrCat("128x", width, cluster == 2 ? " x2 cluster" : ""));
+        }
+      }
+    }
+  }
+  tile_n_ = 0;
+  cluster_ = 0;
+}
+
+// Pairs of tiles in 2-CTA clusters on large problems: odd tile-row counts
+// (the pair's second tile lies below the problem), every layout, and more
+// pairs than clusters fit at once.
+TEST_F(GroupedGemmTest, ClusterPairsLargeAndOdd) {
+  cluster_ = 2;
+  tile_n_ = 256;
+  for (const TypeCase& t : {kTypes[0], kTypes[2]}) {
+    std::vector<HostProblem> batch;
+    for (int v = 0; v < 4; ++v) {
+      batch.push_back(MakeHostProblem(2000 + 128 * v, 1800, 1000, t.in, t.out, rng_, v & 1, v & 2,
+                                      1.0, v == 3 ? 0.5 : 0.0));
+    }
+    batch.push_back(MakeHostProblem(4096, 4096, 4096, t.in, t.out, rng_));
+    RunAndCheck(batch, t.in, t.out, t.precision, KernelFamily::kPersistent, 4096,
+                absl::StrCat("cluster pairs ", DTypeName(t.in)));
+  }
+  cluster_ = 0;
+  tile_n_ = 0;
+}
+
+// The launcher's own choice of width (a cost model): every width it can pick
+// for single problems of different sizes gives right results.
+TEST_F(GroupedGemmTest, ChosenTileWidths) {
+  for (int64_t s : {256, 1024, 1536, 2048, 3000}) {
+    const LaunchReport report =
+        RunAndCheck({MakeHostProblem(s, s, s, DType::kBFloat16, DType::kBFloat16, rng_)},
+                    DType::kBFloat16, DType::kBFloat16, Precision::kDefault,
+                    KernelFamily::kPersistent, 4096, absl::StrCat("square ", s));
+    if (launcher_->has_hopper_kernels()) {
+      EXPECT_FALSE(report.hopper_tile.empty()) << s;
+      std::printf("square %lld: tiles %s\n", static_cast<long long>(s), report.hopper_tile.c_str());
+    }
+  }
+}
+
 TEST_F(GroupedGemmTest, RepeatedLaunchesGiveIdenticalResults) {
   const auto host = MixedBatch(64, 400, DType::kBFloat16, DType::kFloat32, rng_);
   DeviceBatch batch(host, DType::kBFloat16, DType::kFloat32);
   GroupedGemmOptions o;
   o.input = DType::kBFloat16;
   o.output = DType::kFloat32;
-  Run(batch, o, nullptr);
-  std::vector<std::vector<uint8_t>> first;
-  for (size_t i = 0; i < host.size(); ++i) {
-    first.push_back(batch.Download(i));
-    EXPECT_LE(CheckAgainstReference(host[i], first.back(), o.input, o.output), 1e-2);
-  }
-  for (int rep = 0; rep < 200; ++rep) {
-    for (auto& p : batch.problems()) cudaMemset(p.d, 0xff, p.m * p.n * 4);
+  // Every tile width, each against its own first result: a race in the
+  // tile hand-out or the pipeline shows as a result that moves.
+  for (auto [width, cluster] : {std::pair{0, 0}, std::pair{256, 1}, std::pair{256, 2},
+                                std::pair{128, 1}, std::pair{64, 1}}) {
+    o.hopper_tile_n = width;
+    o.hopper_cluster = cluster;
     Run(batch, o, nullptr);
-  }
-  for (size_t i = 0; i < host.size(); ++i) {
-    EXPECT_EQ(batch.Download(i), first[i]) << "problem " << i << " changed between launches";
+    std::vector<std::vector<uint8_t>> first;
+    for (size_t i = 0; i < host.size(); ++i) {
+      first.push_back(batch.Download(i));
+      EXPECT_LE(CheckAgainstReference(host[i], first.back(), o.input, o.output), 1e-2)
+          << "width " << width << " cluster " << cluster;
+    }
+    for (int rep = 0; rep < (width == 0 ? 200 : 50); ++rep) {
+      for (auto& p : batch.problems()) cudaMemset(p.d, 0xff, p.m * p.n * 4);
+      Run(batch, o, nullptr);
+    }
+    for (size_t i = 0; i < host.size(); ++i) {
+      EXPECT_EQ(batch.Download(i), first[i])
+          << "problem " << i << " changed between launches (width " << width << ", cluster "
+          << cluster << ")";
+    }
   }
 }
 
