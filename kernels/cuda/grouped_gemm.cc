@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/kernels.h"
@@ -274,11 +275,15 @@ double EstimateHopperTime(const std::vector<DeviceGemmProblem>& problems, DType 
   const double rate = tile_n == kHopperWideN ? 1.0 : (tile_n == kHopperNarrowN ? 0.85 : 0.65);
   constexpr double kPerTile = 2.0;
   const int64_t bk = 128 / static_cast<int64_t>(ElementSize(input));
+  // Tiles of `p` and the cost of each.
+  auto tiles_and_cost = [&](const DeviceGemmProblem& p) {
+    return std::pair{CeilDiv(p.m, kHopperTileM) * CeilDiv(p.n, tile_n),
+                     CeilDiv(p.k, bk) * (tile_n / 256.0) / rate + kPerTile};
+  };
   int64_t tiles = 0;
   double work = 0, longest = 0;
   for (const DeviceGemmProblem& p : problems) {
-    const int64_t n = CeilDiv(p.m, kHopperTileM) * CeilDiv(p.n, tile_n);
-    const double cost = CeilDiv(p.k, bk) * (tile_n / 256.0) / rate + kPerTile;
+    const auto [n, cost] = tiles_and_cost(p);
     tiles += n;
     work += n * cost;
     longest = std::max(longest, cost);
@@ -289,8 +294,7 @@ double EstimateHopperTime(const std::vector<DeviceGemmProblem>& problems, DType 
   if (tiles > 4 * static_cast<int64_t>(num_sms)) return work / num_sms + longest;
   std::vector<double> free_at(num_sms, 0.0);  // A min-heap of SM finish times.
   for (const DeviceGemmProblem& p : problems) {
-    const int64_t n = CeilDiv(p.m, kHopperTileM) * CeilDiv(p.n, tile_n);
-    const double cost = CeilDiv(p.k, bk) * (tile_n / 256.0) / rate + kPerTile;
+    const auto [n, cost] = tiles_and_cost(p);
     for (int64_t i = 0; i < n; ++i) {
       std::pop_heap(free_at.begin(), free_at.end(), std::greater<>());
       free_at.back() += cost;

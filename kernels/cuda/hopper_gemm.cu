@@ -683,6 +683,24 @@ cudaError_t Prepare() {
                               cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<BN>::kBytes);
 }
 
+// Launch configuration for clusters of `cluster` CTAs along x; `attribute`
+// must outlive the configuration's use.
+cudaLaunchConfig_t ClusterConfig(int grid, int smem_bytes, cudaStream_t stream, int cluster,
+                                 cudaLaunchAttribute* attribute) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = cluster;
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
 template <typename T, int BN, int kCluster>
 cudaError_t Launch(const HopperLaunch& l) {
   using L = Layout<BN>;
@@ -703,19 +721,20 @@ cudaError_t Launch(const HopperLaunch& l) {
     kernel<<<l.grid, kThreads, L::kBytes, l.stream>>>(p);
     return cudaGetLastError();
   } else {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(l.grid);
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = L::kBytes;
-    config.stream = l.stream;
     cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = kCluster;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config = ClusterConfig(l.grid, L::kBytes, l.stream, kCluster, &attribute);
     return cudaLaunchKernelEx(&config, kernel, p);
+  }
+}
+
+// The kernel of width BN and cluster size kCluster for the launch's input type.
+template <int BN, int kCluster>
+cudaError_t LaunchForInput(const HopperLaunch& l) {
+  switch (l.input) {
+    case DType::kBFloat16: return Launch<__nv_bfloat16, BN, kCluster>(l);
+    case DType::kFloat16: return Launch<__half, BN, kCluster>(l);
+    case DType::kFloat32: return Launch<float, BN, kCluster>(l);
+    default: return cudaErrorInvalidValue;
   }
 }
 
@@ -734,17 +753,9 @@ cudaError_t PrepareHopperGemm() {
 }
 
 cudaError_t HopperMaxActiveClusters(int* clusters) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(2 * 1024);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = Layout<256>::kBytes;
   cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = 2;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  const cudaLaunchConfig_t config =
+      ClusterConfig(2 * 1024, Layout<256>::kBytes, nullptr, 2, &attribute);
   return cudaOccupancyMaxActiveClusters(clusters, HopperGroupedGemm<__nv_bfloat16, 256, 2>,
                                         &config);
 }
@@ -753,39 +764,15 @@ cudaError_t LaunchHopperGemm(const HopperLaunch& l) {
   if (l.total_tiles == 0) return cudaSuccess;
   if (l.cluster == 2) {
     if (l.tile_n != kHopperWideN || l.grid % 2 != 0) return cudaErrorInvalidValue;
-    switch (l.input) {
-      case DType::kBFloat16: return Launch<__nv_bfloat16, 256, 2>(l);
-      case DType::kFloat16: return Launch<__half, 256, 2>(l);
-      case DType::kFloat32: return Launch<float, 256, 2>(l);
-      default: return cudaErrorInvalidValue;
-    }
+    return LaunchForInput<256, 2>(l);
   }
   if (l.cluster != 1) return cudaErrorInvalidValue;
   if (l.tile_counter == nullptr && l.grid < l.total_tiles) return cudaErrorInvalidValue;
   switch (l.tile_n) {
-    case kHopperWideN:
-      switch (l.input) {
-        case DType::kBFloat16: return Launch<__nv_bfloat16, 256, 1>(l);
-        case DType::kFloat16: return Launch<__half, 256, 1>(l);
-        case DType::kFloat32: return Launch<float, 256, 1>(l);
-        default: return cudaErrorInvalidValue;
-      }
-    case kHopperNarrowN:
-      switch (l.input) {
-        case DType::kBFloat16: return Launch<__nv_bfloat16, 128, 1>(l);
-        case DType::kFloat16: return Launch<__half, 128, 1>(l);
-        case DType::kFloat32: return Launch<float, 128, 1>(l);
-        default: return cudaErrorInvalidValue;
-      }
-    case kHopperSmallN:
-      switch (l.input) {
-        case DType::kBFloat16: return Launch<__nv_bfloat16, 64, 1>(l);
-        case DType::kFloat16: return Launch<__half, 64, 1>(l);
-        case DType::kFloat32: return Launch<float, 64, 1>(l);
-        default: return cudaErrorInvalidValue;
-      }
-    default:
-      return cudaErrorInvalidValue;
+    case kHopperWideN: return LaunchForInput<256, 1>(l);
+    case kHopperNarrowN: return LaunchForInput<128, 1>(l);
+    case kHopperSmallN: return LaunchForInput<64, 1>(l);
+    default: return cudaErrorInvalidValue;
   }
 }
 
