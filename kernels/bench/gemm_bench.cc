@@ -2,11 +2,12 @@
 //
 //   gemm-bench [--json=FILE] [--quick] [--timing=isolated|back-to-back]
 //              [--only=single|grouped] [--size=LABEL]... [--dtype=NAME]...
-//              [--tile_n=256|128|64] [--cluster=1|2]
+//              [--tile_n=256|128|64] [--cluster=1|2] [--b_stored=kxn|nxk]
 //
 // --size picks single-problem rows by label (4096^3) and grouped batches by
 // their problem count (256, 1024, 64); --dtype picks bfloat16, float16,
-// tf32 or float32 rows.
+// tf32 or float32 rows. --b_stored=nxk stores the single problems' B as
+// n x k (K-major) instead of k x n.
 //
 // Timing: CUDA events around each run, after warm-up; the median of many
 // runs; inputs rotated over several buffer sets (more than twice the L2) so
@@ -90,8 +91,10 @@ void FillRandom(void* device, DType type, size_t n, std::mt19937_64& rng) {
   }
 }
 
+// B is stored k x n (row-major) unless `b_nxk`, where it is stored n x k
+// (the kernel's K-major B, what a weight matrix kept as [out, in] gives).
 std::unique_ptr<Buffers> MakeBuffers(const std::vector<Shape>& shapes, DType in, DType out,
-                                     std::mt19937_64& rng) {
+                                     std::mt19937_64& rng, bool b_nxk = false) {
   auto b = std::make_unique<Buffers>();
   size_t bytes_per_set = 0;
   for (const Shape& s : shapes) {
@@ -108,7 +111,8 @@ std::unique_ptr<Buffers> MakeBuffers(const std::vector<Shape>& shapes, DType in,
       p.n = s.n;
       p.k = s.k;
       p.lda = s.k;
-      p.ldb = s.n;
+      p.ldb = b_nxk ? s.k : s.n;
+      p.transpose_b = b_nxk;
       p.ldc = p.ldd = s.n;
       void *a, *bb, *d;
       CHECK_CUDA(cudaMalloc(&a, s.m * s.k * ElementSize(in)));
@@ -139,6 +143,8 @@ Timing g_timing = Timing::kIsolated;
 int g_tile_n = 0;
 // CTAs per cluster for our rows (0: the launcher's choice).
 int g_cluster = 0;
+// Single-problem rows with B stored n x k instead of k x n (--b_stored=nxk).
+bool g_b_nxk = false;
 constexpr int kBatch = 8;
 
 // Median milliseconds of `run(set)` over `reps` timed runs after warm-up.
@@ -215,8 +221,8 @@ class Bench {
   void Single(DType in, Precision precision, const Shape& shape, const std::string& label) {
     const DType out = in;
     const std::vector<Shape> shapes = {shape};
-    auto buffers = MakeBuffers(shapes, in, out, rng_);
-    auto ref = MakeBuffers(shapes, in, out, rng_);  // Output copies for the check.
+    auto buffers = MakeBuffers(shapes, in, out, rng_, g_b_nxk);
+    auto ref = MakeBuffers(shapes, in, out, rng_, g_b_nxk);  // Output copies for the check.
     const double flops = FlopsOf(shapes);
     const int reps = quick_ ? 10 : (flops > 1e12 ? 20 : 50);
     const std::string dtype = in == DType::kFloat32 ? (precision == Precision::kTF32 ? "tf32" : "float32")
@@ -235,7 +241,7 @@ class Bench {
       const double ms = TimeMedianMs(stream_, static_cast<int>(buffers->sets.size()), reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
       });
-      Row r{"single", label, dtype,
+      Row r{"single", g_b_nxk ? label + " B nxk" : label, dtype,
             family == KernelFamily::kCublas ? "cuBLAS"
                                             : (family == KernelFamily::kPersistent ? "ours persistent"
                                                                                    : "ours one CTA/tile")};
@@ -253,7 +259,9 @@ class Bench {
         CHECK_OK(launcher_->Run(buffers->sets[0], o, workspace_, workspace_bytes_, stream_, &report));
         CHECK_CUDA(cudaStreamSynchronize(stream_));
         r.error = Compare(buffers->sets[0], ref->sets[0], out);
-        if (!report.hopper_tile.empty()) r.tile = report.hopper_tile;
+        if (!report.hopper_tile.empty()) {
+          r.tile = absl::StrCat(report.hopper_tile, ", ", report.hopper_grid, " CTAs");
+        }
       }
       r.ratio = cublas_ms / ms;
       rows.push_back(r);
@@ -417,6 +425,8 @@ int Main(int argc, char** argv) {
     else if (a == "--timing=back-to-back") g_timing = Timing::kBackToBack;
     else if (a.rfind("--tile_n=", 0) == 0) g_tile_n = std::atoi(a.c_str() + 9);
     else if (a.rfind("--cluster=", 0) == 0) g_cluster = std::atoi(a.c_str() + 10);
+    else if (a == "--b_stored=nxk") g_b_nxk = true;
+    else if (a == "--b_stored=kxn") g_b_nxk = false;
     else {
       std::fprintf(stderr, "gemm-bench: unknown argument %s\n", a.c_str());
       return 2;

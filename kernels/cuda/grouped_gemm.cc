@@ -540,6 +540,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     ++r.launches;
     r.hopper_problems = static_cast<int>(hopper.size());
     r.hopper_tile = absl::StrCat(kHopperTileM, "x", tile_n, cluster == 2 ? " x2 cluster" : "");
+    r.hopper_grid = l.grid;
   }
 
   // ---- SIMT problems ------------------------------------------------------------

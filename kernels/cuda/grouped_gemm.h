@@ -80,6 +80,8 @@ struct LaunchReport {
   // "128x256", "128x128" or "128x64" for the Hopper tiles used, with
   // " x2 cluster" when tiles ran in pairs.
   std::string hopper_tile;
+  // CTAs of the Hopper launch (with clusters, twice the clusters that fit).
+  int hopper_grid = 0;
 };
 
 class GroupedGemmLauncher {
