@@ -198,16 +198,26 @@ cudaError_t EncodeHopperTemplates(DType input, int tile_n, void* scratch, Hopper
     default: return cudaErrorInvalidValue;
   }
   const uint32_t row = 128 / static_cast<uint32_t>(ElementSize(input));  // BK
-  auto make = [&](CUtensorMap* map, uint32_t box0, uint32_t box1) {
+  auto make_typed = [&](CUtensorMap* map, CUtensorMapDataType element, uint32_t width,
+                        uint32_t box0, uint32_t box1) {
     // Placeholder extents: one 128-byte row wide, 256 rows; patched on device.
-    const cuuint64_t dims[2] = {row, 256};
+    const cuuint64_t dims[2] = {width, 256};
     const cuuint64_t strides[1] = {128};
     const cuuint32_t box[2] = {box0, box1};
     const cuuint32_t elem_strides[2] = {1, 1};
-    return encode(map, type, 2, scratch, dims, strides, box, elem_strides,
+    return encode(map, element, 2, scratch, dims, strides, box, elem_strides,
                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   };
+  auto make = [&](CUtensorMap* map, uint32_t box0, uint32_t box1) {
+    return make_typed(map, type, row, box0, box1);
+  };
+  // Output boxes: 128 bytes of a row by 64 rows.
+  if (make_typed(&out->d_bf16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 64, 64, 64) != CUDA_SUCCESS ||
+      make_typed(&out->d_f16, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 64, 64, 64) != CUDA_SUCCESS ||
+      make_typed(&out->d_f32, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 32, 32, 64) != CUDA_SUCCESS) {
+    return cudaErrorInvalidValue;
+  }
   if (make(&out->a_kmajor, row, kHopperTileM) != CUDA_SUCCESS ||
       make(&out->a_mnmajor, row, row) != CUDA_SUCCESS ||
       make(&out->b_kmajor, row, static_cast<uint32_t>(tile_n)) != CUDA_SUCCESS ||
@@ -327,7 +337,7 @@ WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::
   l.hopper_tile_problem = at;
   at += AlignUp(hopper_tiles * sizeof(int32_t));
   l.hopper_maps = at;
-  at += AlignUp(hopper * 2 * sizeof(CUtensorMap));
+  at += AlignUp(hopper * 3 * sizeof(CUtensorMap));
   l.simt_table = at;
   at += AlignUp(simt * sizeof(DeviceGemmProblem));
   l.simt_offsets = at;
@@ -493,11 +503,11 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     if (total > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
     // Table, offsets, zeroed flags and zeroed tensor-map slots in one host
     // buffer, one copy. The map slots are overwritten by the kernel; zeroing
-    // them costs 256 bytes a problem and keeps compute-sanitizer's initcheck
+    // them costs 384 bytes a problem and keeps compute-sanitizer's initcheck
     // from reporting the tensormap publish (which it models as a read of the
     // destination) as a read of uninitialised memory.
     const size_t table_bytes =
-        layout.hopper_maps + hopper.size() * 2 * sizeof(CUtensorMap) - layout.hopper_table;
+        layout.hopper_maps + hopper.size() * 3 * sizeof(CUtensorMap) - layout.hopper_table;
     std::vector<uint8_t> host(table_bytes, 0);
     std::memcpy(host.data(), hopper.data(), hopper.size() * sizeof(DeviceGemmProblem));
     auto* offsets = reinterpret_cast<int32_t*>(host.data() + layout.hopper_offsets - layout.hopper_table);

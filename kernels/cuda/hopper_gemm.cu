@@ -31,7 +31,17 @@
 // both CTAs of a cluster must walk the same units. A pair whose second tile
 // lies below the problem computes on TMA's zero fill and stores nothing.
 //
-// Tensor maps: TMA needs one map per operand. The host encodes templates
+// Epilogue: where a problem has no C to read (beta = 0) and D's rows are
+// 16-byte aligned, each consumer warpgroup writes its 64 x BN accumulators
+// (times alpha, converted) into shared memory in 128-byte-swizzled boxes of
+// 64 rows x 128 bytes, two buffers in turn, and one thread TMA-stores each
+// box. The stores drain while the warpgroup goes back to its main loop, and
+// TMA clips edge tiles. Other problems store from registers (Epilogue).
+// Measured on the H200 (docs/BENCHMARKS.md): the register epilogue cost
+// 8-12% of a large problem's time, more for small grouped problems.
+//
+// Tensor maps: TMA needs one map per operand (A, B and, for TMA stores, D).
+// The host encodes templates
 // (box, swizzle, element type) once; the first CTA that needs a problem
 // patches a copy with the problem's address, sizes and stride
 // (tensormap.replace), publishes it to global memory and flags it; others
@@ -46,6 +56,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <algorithm>
+#include <cstdlib>
 
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/wgmma_ops.cuh"
@@ -174,6 +186,41 @@ __device__ __forceinline__ void PrefetchMap(const CUtensorMap* global_map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(global_map)) : "memory");
 }
 
+// TMA store of a box from shared memory, tracked by this thread's bulk
+// async-groups.
+__device__ __forceinline__ void TmaStore2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(SmemAddr(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+
+__device__ __forceinline__ void BulkCommit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until at most kPending of this thread's bulk groups still read
+// shared memory.
+template <int kPending>
+__device__ __forceinline__ void BulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+
+// Waits until all of this thread's bulk groups are complete (writes done).
+__device__ __forceinline__ void BulkWaitAll() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// Makes this thread's shared-memory writes visible to the async proxy (TMA).
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Barrier `id` (1-15) over `threads` threads (one warpgroup).
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 __device__ __forceinline__ unsigned long long LoadAcquire(const unsigned long long* p) {
   unsigned long long v;
   asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -261,7 +308,49 @@ struct Params {
   unsigned int* tile_counter;
   unsigned long long epoch;
   DType output;
+#ifdef MATMUL_HOPPER_DIAG
+  int diag;        // Bits of kDiag* (diagnostic builds only).
+  int group_rows;  // Tile-rows per rasterization group (diagnostic builds only).
+#endif
 };
+
+// Diagnostic builds (MATMUL_HOPPER_DIAG defined: gemm-bench-diag, never the
+// engine) leave one stage of the work out, chosen at run time by the
+// environment variable MATMUL_HOPPER_DIAG, so that timing differences say
+// what bounds the kernel. The results are then wrong.
+//  kDiagNoLoads: after a CTA's first ring of stages the producer issues no
+//    more TMA loads, it only completes the full barriers (the consumers
+//    compute on stale stages): the kernel without its L2 traffic.
+//  kDiagNoStores: the consumers skip the epilogue.
+//  kDiagNoMma: the consumers issue no wgmma (they wait and release stages):
+//    the load pipeline alone.
+//  kDiagDirectStores: every tile stored from registers (the epilogue that
+//    TMA stores replaced), for A/B runs; results stay right.
+constexpr int kDiagNoLoads = 1;
+constexpr int kDiagNoStores = 2;
+constexpr int kDiagNoMma = 4;
+constexpr int kDiagDirectStores = 8;  // The register epilogue even where TMA could store.
+
+// Tile-rows per rasterization group: kGroupRows, or in diagnostic builds
+// MATMUL_HOPPER_GROUP_ROWS.
+__device__ __forceinline__ int GroupRows(const Params& p) {
+#ifdef MATMUL_HOPPER_DIAG
+  return p.group_rows;
+#else
+  (void)p;
+  return kGroupRows;
+#endif
+}
+
+__device__ __forceinline__ bool Diag(const Params& p, int bit) {
+#ifdef MATMUL_HOPPER_DIAG
+  return (p.diag & bit) != 0;
+#else
+  (void)p;
+  (void)bit;
+  return false;
+#endif
+}
 
 template <int BN>
 struct Layout {
@@ -270,12 +359,18 @@ struct Layout {
   static constexpr int kABytes = kBM * kRowBytes;       // 16 KiB per stage
   static constexpr int kBBytes = BN * kRowBytes;        // 32, 16 or 8 KiB per stage
   static constexpr int kStageBytes = kABytes + kBBytes;
-  // Stages (1024-byte aligned), then 2*kStages barriers, then each stage's
-  // tile index, then two 128-byte tensor-map scratch slots.
-  static constexpr int kBarrierOffset = kStages * kStageBytes;
+  // Output staging for TMA stores: per consumer warpgroup two buffers of 64
+  // rows x 128 bytes (one 128-byte-swizzled box each).
+  static constexpr int kStoreBufferBytes = 64 * kRowBytes;
+  static constexpr int kStoreOffset = kStages * kStageBytes;
+  // Stages (1024-byte aligned), the store buffers, then 2*kStages barriers,
+  // then each stage's tile index, then three 128-byte tensor-map scratch
+  // slots (A, B, D).
+  static constexpr int kBarrierOffset = kStoreOffset + 2 * 2 * kStoreBufferBytes;
   static constexpr int kTileOffset = kBarrierOffset + 2 * kStages * 8;
   static constexpr int kMapOffset = kTileOffset + kStages * 4 + 128;
-  static constexpr int kBytes = kMapOffset + 2 * 128 + 1024;  // + alignment slack
+  static constexpr int kBytes = kMapOffset + 3 * 128 + 1024;  // + alignment slack
+  static_assert(kBytes <= 227 * 1024, "over the shared memory of one SM");
 };
 
 // Problem and tile coordinates of global tile `tile`.
@@ -294,12 +389,30 @@ __device__ __forceinline__ TileCoord Locate(const Params& p, int tile) {
   const int local = tile - __ldg(&p.tile_offsets[prob]);
   const int tiles_m = static_cast<int>((pr.m + kCluster * kBM - 1) / (kCluster * kBM));
   const int tiles_n = static_cast<int>((pr.n + BN - 1) / BN);
-  const int per_group = kGroupRows * tiles_n;
+  const int group_rows = GroupRows(p);
+  const int per_group = group_rows * tiles_n;
   const int group = local / per_group;
-  const int first_m = group * kGroupRows;
-  const int rows = min(tiles_m - first_m, kGroupRows);
+  const int first_m = group * group_rows;
+  const int rows = min(tiles_m - first_m, group_rows);
   const int in_group = local - group * per_group;
   return {prob, first_m + in_group % rows, in_group / rows};
+}
+
+__device__ __forceinline__ int OutputSize(DType output) {
+  return output == DType::kFloat32 ? 4 : 2;
+}
+
+// True when problem `pr`'s tiles are stored by TMA (from shared memory,
+// asynchronously): no C to read, D 16-byte aligned with rows a multiple of
+// 16 bytes apart. Other problems take the register epilogue.
+__device__ __forceinline__ bool StoresByTma(const Params& p, const DeviceGemmProblem& pr) {
+  return pr.beta == 0.0 && reinterpret_cast<uintptr_t>(pr.d) % 16 == 0 &&
+         (pr.ldd * OutputSize(p.output)) % 16 == 0 && !Diag(p, kDiagDirectStores);
+}
+
+// Problem `prob`'s D map (built with its A and B maps when StoresByTma).
+__device__ __forceinline__ const CUtensorMap* MapD(const Params& p, int prob) {
+  return p.maps + 3 * prob + 2;
 }
 
 // Producer warp: makes sure problem `prob`'s tensor maps are built and
@@ -308,8 +421,9 @@ template <typename T, int kCluster>
 __device__ void EnsureMaps(const Params& p, int prob, CUtensorMap* scratch,
                            const CUtensorMap** map_a, const CUtensorMap** map_b) {
   const int lane = threadIdx.x & 31;
-  CUtensorMap* ga = p.maps + 2 * prob;
+  CUtensorMap* ga = p.maps + 3 * prob;
   CUtensorMap* gb = ga + 1;
+  CUtensorMap* gd = ga + 2;
   unsigned long long* flag = p.map_flags + prob;
   const unsigned long long building = 2 * p.epoch - 1;
   const unsigned long long ready = 2 * p.epoch;
@@ -349,6 +463,23 @@ __device__ void EnsureMaps(const Params& p, int prob, CUtensorMap* scratch,
     __syncwarp();
     PublishMap(ga, scratch);
     PublishMap(gb, scratch + 1);
+    if (StoresByTma(p, pr)) {
+      const CUtensorMap* td = p.output == DType::kFloat32
+                                  ? &p.templates.d_f32
+                                  : (p.output == DType::kBFloat16 ? &p.templates.d_bf16
+                                                                  : &p.templates.d_f16);
+      if (lane < 16) {
+        reinterpret_cast<uint64_t*>(scratch + 2)[lane] =
+            reinterpret_cast<const uint64_t*>(td)[lane];
+      }
+      __syncwarp();
+      if (lane == 0) {  // Stored m x n.
+        PatchMap(scratch + 2, pr.d, static_cast<uint32_t>(pr.n), static_cast<uint32_t>(pr.m),
+                 pr.ldd * OutputSize(p.output));
+      }
+      __syncwarp();
+      PublishMap(gd, scratch + 2);
+    }
     if (lane == 0) {
       __threadfence();
       atomicExch(flag, ready);
@@ -374,6 +505,49 @@ __device__ __forceinline__ int ClaimTile(const Params& p, int tile) {
   if (ctas >= p.total_tiles) return p.total_tiles;  // One tile per CTA (or cluster).
   if constexpr (kCluster > 1) return tile + ctas;
   return static_cast<int>(gridDim.x + atomicAdd(p.tile_counter, 1u));
+}
+
+// Producer lane 0: the TMA loads of k-block `kb` of the tile at (m0, n0)
+// into stage `s`, completing on its full barrier.
+template <typename T, int BN, int kCluster>
+__device__ __forceinline__ void IssueStage(const DeviceGemmProblem& pr, const CUtensorMap* map_a,
+                                           const CUtensorMap* map_b, uint8_t* stages,
+                                           uint64_t* full, int s, int kb, int m0, int n0,
+                                           int rank) {
+  using L = Layout<BN>;
+  constexpr int BK = Elem<T>::kBK;
+  MbarExpectTx(&full[s], L::kStageBytes);
+  uint8_t* sa = stages + s * L::kStageBytes;
+  uint8_t* sb = sa + L::kABytes;
+  const int k0 = kb * BK;
+  if (pr.transpose_a) {  // MN-major: two 64-wide boxes.
+    TmaLoad2d(sa, map_a, m0, k0, &full[s]);
+    TmaLoad2d(sa + BK * kRowBytes, map_a, m0 + 64, k0, &full[s]);
+  } else {
+    TmaLoad2d(sa, map_a, k0, m0, &full[s]);
+  }
+  if constexpr (kCluster > 1) {
+    // This CTA's half of B, into both CTAs.
+    constexpr int kHalf = BN / 2;
+    if (pr.transpose_b) {  // K-major: a box of BN/2 rows.
+      TmaLoad2dMulticast(sb + rank * kHalf * kRowBytes, map_b, k0, n0 + rank * kHalf,
+                         &full[s], 0x3);
+    } else {
+#pragma unroll
+      for (int h = 0; h < kHalf / 64; ++h) {
+        const int box = rank * (kHalf / 64) + h;
+        TmaLoad2dMulticast(sb + box * BK * kRowBytes, map_b, n0 + box * 64, k0, &full[s],
+                           0x3);
+      }
+    }
+  } else if (pr.transpose_b) {  // K-major: one box of BN rows.
+    TmaLoad2d(sb, map_b, k0, n0, &full[s]);
+  } else {
+#pragma unroll
+    for (int h = 0; h < BN / 64; ++h) {
+      TmaLoad2d(sb + h * BK * kRowBytes, map_b, n0 + h * 64, k0, &full[s]);
+    }
+  }
 }
 
 template <typename T, int BN, int kCluster>
@@ -408,37 +582,10 @@ __device__ void Produce(const Params& p, uint8_t* stages, uint64_t* full, uint64
           const int s = seq % L::kStages;
           MbarWait(&empty[s], ((seq / L::kStages) & 1) ^ 1);
           stage_tile[s] = tile;  // Released to the consumers by the arrive below.
-          MbarExpectTx(&full[s], L::kStageBytes);
-          uint8_t* sa = stages + s * L::kStageBytes;
-          uint8_t* sb = sa + L::kABytes;
-          const int k0 = kb * BK;
-          if (pr.transpose_a) {  // MN-major: two 64-wide boxes.
-            TmaLoad2d(sa, map_a, m0, k0, &full[s]);
-            TmaLoad2d(sa + BK * kRowBytes, map_a, m0 + 64, k0, &full[s]);
+          if (Diag(p, kDiagNoLoads) && seq >= L::kStages) {
+            MbarArrive(&full[s]);
           } else {
-            TmaLoad2d(sa, map_a, k0, m0, &full[s]);
-          }
-          if constexpr (kCluster > 1) {
-            // This CTA's half of B, into both CTAs.
-            constexpr int kHalf = BN / 2;
-            if (pr.transpose_b) {  // K-major: a box of BN/2 rows.
-              TmaLoad2dMulticast(sb + rank * kHalf * kRowBytes, map_b, k0, n0 + rank * kHalf,
-                                 &full[s], 0x3);
-            } else {
-#pragma unroll
-              for (int h = 0; h < kHalf / 64; ++h) {
-                const int box = rank * (kHalf / 64) + h;
-                TmaLoad2dMulticast(sb + box * BK * kRowBytes, map_b, n0 + box * 64, k0, &full[s],
-                                   0x3);
-              }
-            }
-          } else if (pr.transpose_b) {  // K-major: one box of BN rows.
-            TmaLoad2d(sb, map_b, k0, n0, &full[s]);
-          } else {
-#pragma unroll
-            for (int h = 0; h < BN / 64; ++h) {
-              TmaLoad2d(sb + h * BK * kRowBytes, map_b, n0 + h * 64, k0, &full[s]);
-            }
+            IssueStage<T, BN, kCluster>(pr, map_a, map_b, stages, full, s, kb, m0, n0, rank);
           }
         }
         __syncwarp();
@@ -541,6 +688,66 @@ __device__ void Epilogue(const DeviceGemmProblem& pr, const float (&acc)[BN / 2]
   }
 }
 
+template <typename TOut>
+__device__ __forceinline__ void StoreSmemPair(uint8_t* p, float v0, float v1);
+template <>
+__device__ __forceinline__ void StoreSmemPair<float>(uint8_t* p, float v0, float v1) {
+  *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+}
+template <>
+__device__ __forceinline__ void StoreSmemPair<__nv_bfloat16>(uint8_t* p, float v0, float v1) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+}
+template <>
+__device__ __forceinline__ void StoreSmemPair<__half>(uint8_t* p, float v0, float v1) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(v0, v1);
+}
+
+// Writes a consumer warpgroup's 64 x BN accumulators (times alpha) through
+// shared memory with TMA stores: the tile goes in boxes of 64 rows x 128
+// bytes, alternating between the warpgroup's two buffers, so that writing
+// one box overlaps the store of the one before. The stores run on after the
+// warpgroup returns to its main loop; TMA clips rows and columns outside
+// the problem. `stores` counts this warpgroup's boxes (it picks the buffer).
+template <typename TOut, int BN>
+__device__ void EpilogueTma(const DeviceGemmProblem& pr, const CUtensorMap* map_d,
+                            const float (&acc)[BN / 2], int row0, int col0, uint8_t* buffers,
+                            int wg, int& stores) {
+  constexpr int kCols = kRowBytes / static_cast<int>(sizeof(TOut));  // Columns per box.
+  constexpr int kBoxes = BN / kCols;
+  constexpr int kBufferBytes = 64 * kRowBytes;
+  const int t = threadIdx.x & 127;
+  const int warp = t >> 5, lane = t & 31;
+  const bool leader = t == 0;
+  const float alpha = static_cast<float>(pr.alpha);
+#pragma unroll
+  for (int box = 0; box < kBoxes; ++box, ++stores) {
+    uint8_t* buffer = buffers + (stores & 1) * kBufferBytes;
+    // The store that last read this buffer (two boxes ago) is done reading.
+    if (leader) BulkWaitRead<1>();
+    NamedBarrier(1 + wg, 128);
+#pragma unroll
+    for (int jj = 0; jj < kCols / 8; ++jj) {
+      const int j = box * (kCols / 8) + jj;  // 8-column group of the accumulators
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = warp * 16 + (lane >> 2) + half * 8;
+        const int byte = (jj * 8 + (lane & 3) * 2) * static_cast<int>(sizeof(TOut));
+        // 128-byte swizzle: 16-byte unit u of row r sits at unit u ^ (r % 8).
+        const int at = r * kRowBytes + ((((byte >> 4) ^ (r & 7))) << 4) + (byte & 15);
+        StoreSmemPair<TOut>(buffer + at, alpha * acc[j * 4 + half * 2 + 0],
+                            alpha * acc[j * 4 + half * 2 + 1]);
+      }
+    }
+    FenceProxyAsync();
+    NamedBarrier(1 + wg, 128);
+    if (leader) {
+      TmaStore2d(map_d, buffer, col0 + box * kCols, row0);
+      BulkCommit();
+    }
+  }
+}
+
 // Gives stage `s` back to the producers: this CTA's and, with clusters, the
 // peer's (whose multicast writes into this CTA's stage too).
 template <int kCluster>
@@ -551,7 +758,8 @@ __device__ __forceinline__ void Release(uint64_t* empty, int s) {
 
 template <typename T, int BN, int kCluster, int kAmn, int kBmn>
 __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, uint64_t* full,
-                                         uint64_t* empty, int kblocks, int& seq, int wg) {
+                                         uint64_t* empty, int kblocks, int& seq, int wg,
+                                         bool no_mma) {
   using L = Layout<BN>;
   constexpr int BK = Elem<T>::kBK;
   constexpr int kSteps = BK / Elem<T>::kStep;
@@ -578,7 +786,7 @@ __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, 
       } else {
         db = Desc(sb + j * 32, 16, 1024);
       }
-      Mma<T, BN, kAmn, kBmn>(acc, da, db);
+      if (!no_mma) Mma<T, BN, kAmn, kBmn>(acc, da, db);
     }
     WgmmaCommit();
     // Keep this k-block's MMAs in flight; the previous block's are done, so
@@ -599,6 +807,9 @@ __device__ void Consume(const Params& p, uint8_t* stages, uint64_t* full, uint64
   using L = Layout<BN>;
   constexpr int BK = Elem<T>::kBK;
   const int wg = (threadIdx.x >> 7) - 1;  // 0 or 1
+  uint8_t* store_buffers = stages + L::kStoreOffset + wg * 2 * L::kStoreBufferBytes;
+  int stores = 0;         // TMA-stored boxes so far (picks the staging buffer)
+  int acquired_d = -1;    // Problem whose D map this warpgroup last acquired
   float acc[BN / 2];
   int seq = 0;
   while (true) {
@@ -616,26 +827,52 @@ __device__ void Consume(const Params& p, uint8_t* stages, uint64_t* full, uint64
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
     FenceRegisters(acc);
+    const bool no_mma = Diag(p, kDiagNoMma);
     if constexpr (sizeof(T) == 4) {
-      MainLoop<T, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg);
+      MainLoop<T, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg, no_mma);
     } else {
       const int layout = (pr.transpose_a ? 2 : 0) + (pr.transpose_b ? 0 : 1);
       switch (layout) {
-        case 0: MainLoop<T, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg); break;
-        case 1: MainLoop<T, BN, kCluster, 0, 1>(acc, stages, full, empty, kblocks, seq, wg); break;
-        case 2: MainLoop<T, BN, kCluster, 1, 0>(acc, stages, full, empty, kblocks, seq, wg); break;
-        default: MainLoop<T, BN, kCluster, 1, 1>(acc, stages, full, empty, kblocks, seq, wg); break;
+        case 0: MainLoop<T, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
+        case 1: MainLoop<T, BN, kCluster, 0, 1>(acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
+        case 2: MainLoop<T, BN, kCluster, 1, 0>(acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
+        default: MainLoop<T, BN, kCluster, 1, 1>(acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
       }
     }
+    if (Diag(p, kDiagNoStores)) continue;
     const int rank = kCluster > 1 ? static_cast<int>(ClusterRank()) : 0;
     const int row0 = (t.tile_m * kCluster + rank) * kBM + wg * 64;
     const int col0 = t.tile_n * BN;
+    if (StoresByTma(p, pr)) {
+      const CUtensorMap* map_d = MapD(p, t.problem);
+      if ((threadIdx.x & 127) == 0 && acquired_d != t.problem) {
+        // Built by a producer (this CTA's or another's) and seen through the
+        // map flag before this tile's loads were issued.
+        AcquireMap(map_d);
+        acquired_d = t.problem;
+      }
+      switch (p.output) {
+        case DType::kFloat32:
+          EpilogueTma<float, BN>(pr, map_d, acc, row0, col0, store_buffers, wg, stores);
+          break;
+        case DType::kBFloat16:
+          EpilogueTma<__nv_bfloat16, BN>(pr, map_d, acc, row0, col0, store_buffers, wg, stores);
+          break;
+        default:
+          EpilogueTma<__half, BN>(pr, map_d, acc, row0, col0, store_buffers, wg, stores);
+          break;
+      }
+      continue;
+    }
     switch (p.output) {
       case DType::kFloat32: Epilogue<float, BN>(pr, acc, row0, col0); break;
       case DType::kBFloat16: Epilogue<__nv_bfloat16, BN>(pr, acc, row0, col0); break;
       default: Epilogue<__half, BN>(pr, acc, row0, col0); break;
     }
   }
+  // Shared memory must outlive the last stores' reads, and their writes
+  // must land before the grid ends.
+  if ((threadIdx.x & 127) == 0) BulkWaitAll();
 }
 
 template <typename T, int BN, int kCluster>
@@ -717,6 +954,12 @@ cudaError_t Launch(const HopperLaunch& l) {
   p.tile_counter = l.tile_counter;
   p.epoch = l.epoch;
   p.output = l.output;
+#ifdef MATMUL_HOPPER_DIAG
+  const char* diag = std::getenv("MATMUL_HOPPER_DIAG");
+  p.diag = diag != nullptr ? std::atoi(diag) : 0;
+  const char* group_rows = std::getenv("MATMUL_HOPPER_GROUP_ROWS");
+  p.group_rows = group_rows != nullptr ? std::max(1, std::atoi(group_rows)) : kGroupRows;
+#endif
   if constexpr (kCluster == 1) {
     kernel<<<l.grid, kThreads, L::kBytes, l.stream>>>(p);
     return cudaGetLastError();

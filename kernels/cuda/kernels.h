@@ -27,6 +27,11 @@ struct HopperTemplates {
   CUtensorMap b_kmajor;   // B stored n x k (box: BN rows x 128 bytes)
   CUtensorMap b_kmajor_half;  // The same, BN/2 rows (each CTA's half in a cluster)
   CUtensorMap b_mnmajor;  // B stored k x n (box: 64 columns x BK rows)
+  // D stored m x n, for TMA stores of each output dtype (box: 128 bytes x 64
+  // rows, one consumer warpgroup's rows).
+  CUtensorMap d_bf16;
+  CUtensorMap d_f16;
+  CUtensorMap d_f32;
 };
 
 // Tile widths with a compiled kernel.
@@ -43,7 +48,8 @@ struct HopperLaunch {
   DType output = DType::kBFloat16;
   int tile_n = kHopperWideN;
   // Device memory: the problem table, its tile prefix sums (count + 1), the
-  // problem of each tile, one tensor-map pair and one build flag per problem.
+  // problem of each tile, three tensor maps (A, B, D) and one build flag per
+  // problem.
   const DeviceGemmProblem* problems = nullptr;
   const int32_t* tile_offsets = nullptr;
   // Problem index of every tile (total_tiles entries).

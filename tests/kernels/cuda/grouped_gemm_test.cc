@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <utility>
 
@@ -264,6 +265,73 @@ TEST_F(GroupedGemmTest, ChosenTileWidths) {
       EXPECT_FALSE(report.hopper_tile.empty()) << s;
       std::printf("square %lld: tiles %s\n", static_cast<long long>(s), report.hopper_tile.c_str());
     }
+  }
+}
+
+// Tiles stored by TMA (beta 0, D rows 16-byte aligned) into a D whose rows
+// are padded: every element of the m x n result is right and the padding
+// and the rows below the matrix keep their poison, for every output type,
+// tile width and grid, on edge tiles of every size.
+TEST_F(GroupedGemmTest, TmaStoresStayInsideTheMatrix) {
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {1, 8, 16}, {65, 264, 100}, {129, 520, 64}, {300, 40, 300}, {1000, 1000, 130}};
+  for (DType out : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+    const DType in = out == DType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
+    const size_t osz = ElementSize(out);
+    const int64_t pad = static_cast<int64_t>(32 / osz);  // Two 16-byte units a row.
+    std::vector<HostProblem> host;
+    for (const auto& s : shapes) host.push_back(MakeHostProblem(s[0], s[1], s[2], in, out, rng_));
+    DeviceBatch batch(host, in, out);
+    // Padded outputs with a poisoned guard of 64 rows below the matrix.
+    std::vector<void*> padded;
+    for (DeviceGemmProblem& p : batch.problems()) {
+      p.ldd = p.n + pad;
+      const size_t bytes = (p.m + 64) * p.ldd * osz;
+      void* d = nullptr;
+      ASSERT_EQ(cudaMalloc(&d, bytes), cudaSuccess);
+      padded.push_back(d);
+      p.d = d;
+    }
+    for (int width : {256, 128, 64}) {
+      for (KernelFamily f : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
+        for (size_t i = 0; i < host.size(); ++i) {
+          const DeviceGemmProblem& p = batch.problems()[i];
+          ASSERT_EQ(cudaMemset(p.d, 0xff, (p.m + 64) * p.ldd * osz), cudaSuccess);
+        }
+        GroupedGemmOptions o;
+        o.input = in;
+        o.output = out;
+        o.family = f;
+        o.hopper_tile_n = width;
+        Run(batch, o, nullptr);
+        for (size_t i = 0; i < host.size(); ++i) {
+          const DeviceGemmProblem& p = batch.problems()[i];
+          std::vector<uint8_t> all((p.m + 64) * p.ldd * osz);
+          ASSERT_EQ(cudaMemcpy(all.data(), p.d, all.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+          std::vector<uint8_t> packed(p.m * p.n * osz);
+          size_t untouched = 0, guard = 0;
+          for (int64_t r = 0; r < p.m + 64; ++r) {
+            for (int64_t c = 0; c < p.ldd; ++c) {
+              const uint8_t* e = all.data() + (r * p.ldd + c) * osz;
+              if (r < p.m && c < p.n) {
+                std::memcpy(packed.data() + (r * p.n + c) * osz, e, osz);
+              } else {
+                ++guard;
+                bool poison = true;
+                for (size_t b = 0; b < osz; ++b) poison = poison && e[b] == 0xff;
+                untouched += poison;
+              }
+            }
+          }
+          const std::string what = absl::StrCat(p.m, "x", p.n, "x", p.k, " ", DTypeName(out),
+                                                " width ", width, " family ", static_cast<int>(f));
+          EXPECT_EQ(untouched, guard) << what << ": wrote outside the matrix";
+          EXPECT_LE(CheckAgainstReference(host[i], packed, in, out), ErrorBound(in, out, Precision::kDefault))
+              << what;
+        }
+      }
+    }
+    for (void* d : padded) cudaFree(d);
   }
 }
 
