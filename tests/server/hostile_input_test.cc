@@ -111,11 +111,18 @@ TEST(HostileInputTest, AFloodOfOversizeRequestsKeepsMemoryBounded) {
     std::printf("server RSS after round %d of 256 oversize requests (1 GiB offered): %.1f MiB\n",
                 round + 1, rss.back() / 1048576.0);
   }
-  // 10 GiB offered: the second half of the flood must not raise the peak
-  // of the first half by more than a rounding error of the pools.
+  // 10 GiB offered: the second half of the flood (5 GiB) must not raise the
+  // peak of the first half by more than what the flood can hold in flight
+  // at one sample: 8 senders with up to two 4 MiB messages each in gRPC's
+  // buffers (64 MiB), as much again for the pools. How much is in flight
+  // depends on how busy the host is: on an idle 2-core machine the samples
+  // stay within 25 MiB of each other, but with the rest of the suite
+  // running beside it they rose by 79 MiB (CI, 2026-12-03), against a
+  // 64 MiB bound that this test used to have. A leak of even 3% of the
+  // refused bytes would add 150 MiB.
   const int64_t first = *std::max_element(rss.begin(), rss.begin() + 5);
   const int64_t second = *std::max_element(rss.begin() + 5, rss.end());
-  EXPECT_LT(second, first + (64 << 20)) << "memory keeps growing with the flood";
+  EXPECT_LT(second, first + (128 << 20)) << "memory keeps growing with the flood";
   // Still serving.
   const auto fine = client::RandomRequest({.m = 8, .n = 8, .k = 8}, Rng());
   auto r = c->Multiply(fine);
