@@ -86,23 +86,25 @@ struct GroupedGemmLauncher::Impl {
     if (scratch != nullptr) cudaFree(scratch);
   }
 
-  // Copies `bytes` of `host` to `device` on `stream` through pinned memory,
-  // so the copy is asynchronous and does not wait for the stream to drain.
-  cudaError_t Upload(void* device, const void* host, size_t bytes, cudaStream_t stream) {
+  // A zeroed pinned buffer of `bytes` for the next upload on `stream`, to be
+  // filled in place and sent with Send(): the table is built where the copy
+  // reads it, with no host allocation per launch (a fresh buffer of a few
+  // hundred KB costs page faults on every call). Waits until the device has
+  // read what was last sent from this buffer.
+  absl::StatusOr<uint8_t*> Stage(cudaStream_t stream, size_t bytes) {
     Staging* s;
     {
       std::lock_guard<std::mutex> lock(mu);
       s = &staging[stream];
     }
     const int i = s->next;
-    s->next ^= 1;
     if (s->done[i] == nullptr) {
       cudaError_t e = cudaEventCreateWithFlags(&s->done[i], cudaEventDisableTiming);
-      if (e != cudaSuccess) return e;
+      if (e != cudaSuccess) return Error("creating a staging event", e);
     } else {
       // The copy that last used this buffer must have been read.
       cudaError_t e = cudaEventSynchronize(s->done[i]);
-      if (e != cudaSuccess) return e;
+      if (e != cudaSuccess) return Error("waiting for a staging buffer", e);
     }
     if (s->bytes[i] < bytes) {
       if (s->ptr[i] != nullptr) cudaFreeHost(s->ptr[i]);
@@ -110,13 +112,30 @@ struct GroupedGemmLauncher::Impl {
       s->bytes[i] = 0;
       const size_t size = std::max<size_t>(bytes, 1 << 16);
       cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&s->ptr[i]), size, cudaHostAllocPortable);
-      if (e != cudaSuccess) return e;
+      if (e != cudaSuccess) return Error("allocating pinned staging", e);
       s->bytes[i] = size;
     }
-    std::memcpy(s->ptr[i], host, bytes);
+    std::memset(s->ptr[i], 0, bytes);
+    return s->ptr[i];
+  }
+
+  // Copies the first `bytes` of the buffer Stage() last gave for `stream` to
+  // `device`, asynchronously on `stream`.
+  cudaError_t Send(void* device, size_t bytes, cudaStream_t stream) {
+    Staging* s;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      s = &staging[stream];
+    }
+    const int i = s->next;
+    s->next ^= 1;
     cudaError_t e = cudaMemcpyAsync(device, s->ptr[i], bytes, cudaMemcpyHostToDevice, stream);
     if (e != cudaSuccess) return e;
     return cudaEventRecord(s->done[i], stream);
+  }
+
+  static absl::Status Error(absl::string_view what, cudaError_t e) {
+    return absl::InternalError(absl::StrCat(what, ": ", CudaErrorString(e)));
   }
 
   absl::StatusOr<cublasHandle_t> Cublas(cudaStream_t stream) {
@@ -501,28 +520,35 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     int64_t total = 0;
     for (const auto& p : hopper) total += units_of(p);
     if (total > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
-    // Table, offsets, zeroed flags and zeroed tensor-map slots in one host
-    // buffer, one copy. The map slots are overwritten by the kernel; zeroing
-    // them costs 384 bytes a problem and keeps compute-sanitizer's initcheck
-    // from reporting the tensormap publish (which it models as a read of the
-    // destination) as a read of uninitialised memory.
-    const size_t table_bytes =
-        layout.hopper_maps + hopper.size() * 3 * sizeof(CUtensorMap) - layout.hopper_table;
-    std::vector<uint8_t> host(table_bytes, 0);
-    std::memcpy(host.data(), hopper.data(), hopper.size() * sizeof(DeviceGemmProblem));
-    auto* offsets = reinterpret_cast<int32_t*>(host.data() + layout.hopper_offsets - layout.hopper_table);
+    // Table, offsets, zeroed flags and tile owners, built in pinned staging
+    // and sent in one copy.
+    const size_t table_bytes = layout.hopper_maps - layout.hopper_table;
+    absl::StatusOr<uint8_t*> staged = impl_->Stage(stream, table_bytes);
+    if (!staged.ok()) return staged.status();
+    uint8_t* host = *staged;
+    std::memcpy(host, hopper.data(), hopper.size() * sizeof(DeviceGemmProblem));
+    auto* offsets = reinterpret_cast<int32_t*>(host + layout.hopper_offsets - layout.hopper_table);
     int32_t at = 0;
     for (size_t i = 0; i < hopper.size(); ++i) {
       offsets[i] = at;
       at += static_cast<int32_t>(units_of(hopper[i]));
     }
     offsets[hopper.size()] = at;
-    auto* tile_problem = reinterpret_cast<int32_t*>(host.data() + layout.hopper_tile_problem -
-                                                    layout.hopper_table);
+    auto* tile_problem =
+        reinterpret_cast<int32_t*>(host + layout.hopper_tile_problem - layout.hopper_table);
     for (size_t i = 0; i < hopper.size(); ++i) {
       std::fill(tile_problem + offsets[i], tile_problem + offsets[i + 1], static_cast<int32_t>(i));
     }
-    if (auto s = check(impl_->Upload(ws + layout.hopper_table, host.data(), table_bytes, stream));
+    if (auto s = check(impl_->Send(ws + layout.hopper_table, table_bytes, stream)); !s.ok()) {
+      return s;
+    }
+    // The tensor-map slots are overwritten by the kernel. Zeroing them (on
+    // the device: 384 bytes a problem need not cross PCIe) keeps
+    // compute-sanitizer's initcheck from reporting the tensormap publish,
+    // which it models as a read of the destination, as a read of
+    // uninitialised memory.
+    if (auto s = check(cudaMemsetAsync(ws + layout.hopper_maps, 0,
+                                       hopper.size() * 3 * sizeof(CUtensorMap), stream));
         !s.ok()) {
       return s;
     }
@@ -560,9 +586,11 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
   }
   if (!simt.empty()) {
     const size_t table_bytes = layout.transposes - layout.simt_table;
-    std::vector<uint8_t> host(table_bytes, 0);
-    std::memcpy(host.data(), simt.data(), simt.size() * sizeof(DeviceGemmProblem));
-    auto* offsets = reinterpret_cast<int32_t*>(host.data() + layout.simt_offsets - layout.simt_table);
+    absl::StatusOr<uint8_t*> staged = impl_->Stage(stream, table_bytes);
+    if (!staged.ok()) return staged.status();
+    uint8_t* host = *staged;
+    std::memcpy(host, simt.data(), simt.size() * sizeof(DeviceGemmProblem));
+    auto* offsets = reinterpret_cast<int32_t*>(host + layout.simt_offsets - layout.simt_table);
     int64_t at = 0;
     for (size_t i = 0; i < simt.size(); ++i) {
       offsets[i] = static_cast<int32_t>(at);
@@ -570,8 +598,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     }
     if (at > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
     offsets[simt.size()] = static_cast<int32_t>(at);
-    if (auto s = check(impl_->Upload(ws + layout.simt_table, host.data(), table_bytes, stream));
-        !s.ok()) {
+    if (auto s = check(impl_->Send(ws + layout.simt_table, table_bytes, stream)); !s.ok()) {
       return s;
     }
     SimtLaunch l;
