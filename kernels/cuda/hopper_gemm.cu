@@ -41,11 +41,10 @@
 // 8-12% of a large problem's time, more for small grouped problems.
 //
 // Tensor maps: TMA needs one map per operand (A, B and, for TMA stores, D).
-// The host encodes templates
-// (box, swizzle, element type) once; the first CTA that needs a problem
-// patches a copy with the problem's address, sizes and stride
-// (tensormap.replace), publishes it to global memory and flags it; others
-// wait for the flag. No host work per problem.
+// The host encodes templates (box, swizzle, element type) once; the first
+// CTA that needs a problem patches a copy with the problem's address, sizes
+// and stride (tensormap.replace), publishes it to global memory and flags
+// it; others wait for the flag. No host work per problem.
 //
 // Layouts: A is K-major (stored m x k) or MN-major (stored k x m); B is
 // K-major (stored n x k) or MN-major (stored k x n). All four combinations
@@ -55,8 +54,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 
 #include "kernels/cuda/kernels.h"
