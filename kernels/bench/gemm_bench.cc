@@ -5,7 +5,8 @@
 //              [--tile_n=256|128|64] [--cluster=1|2] [--b_stored=kxn|nxk]
 //
 // --size picks single-problem rows by label (4096^3) and grouped batches by
-// their problem count (256, 1024, 64); --dtype picks bfloat16, float16,
+// their problem count (256, 1024, 64); a label MxNxK not in the table (such
+// as 4096x4096x1024) adds that single problem; --dtype picks bfloat16, float16,
 // tf32 or float32 rows. --b_stored=nxk stores the single problems' B as
 // n x k (K-major) instead of k x n.
 //
@@ -451,10 +452,23 @@ int Main(int argc, char** argv) {
   std::printf("%-8s %-22s %-9s %-44s %11s %9s %7s %10s  %s\n", "group", "problem", "dtype",
               "variant", "us", "TFLOP/s", "x cuBLAS", "rel.err", "tiles");
   Bench bench(quick);
-  const std::vector<std::pair<Shape, std::string>> sizes = {
+  std::vector<std::pair<Shape, std::string>> sizes = {
       {{1024, 1024, 1024}, "1024^3"}, {{2048, 2048, 2048}, "2048^3"},
       {{4096, 4096, 4096}, "4096^3"}, {{8192, 8192, 8192}, "8192^3"},
       {{4096, 11008, 4096}, "4096x11008x4096"}};
+  // Shapes asked for by MxNxK that the table lacks (for cost models: the
+  // same M and N over several K, and so on).
+  for (const std::string& label : sizes_wanted) {
+    Shape s{};
+    char x1 = 0, x2 = 0, rest = 0;
+    const bool known = std::any_of(sizes.begin(), sizes.end(),
+                                   [&](const auto& entry) { return entry.second == label; });
+    if (!known &&
+        std::sscanf(label.c_str(), "%ld%c%ld%c%ld%c", &s.m, &x1, &s.n, &x2, &s.k, &rest) == 5 &&
+        x1 == 'x' && x2 == 'x' && s.m > 0 && s.n > 0 && s.k > 0) {
+      sizes.push_back({s, label});
+    }
+  }
   if (want("single")) {
     for (auto [in, precision] : {std::pair{DType::kBFloat16, Precision::kDefault},
                                  std::pair{DType::kFloat16, Precision::kDefault},
@@ -465,7 +479,7 @@ int Main(int argc, char** argv) {
                                     : std::string(DTypeName(in));
       if (!listed(dtypes_wanted, dtype)) continue;
       for (const auto& [shape, label] : sizes) {
-        if (quick && shape.m > 4096) continue;
+        if (quick && shape.m > 4096 && sizes_wanted.empty()) continue;
         if (!listed(sizes_wanted, label)) continue;
         bench.Single(in, precision, shape, label);
       }
