@@ -1,25 +1,33 @@
 // The Hopper grouped GEMM: a persistent, warp-specialized kernel.
 //
 // Block: 3 warpgroups. Warpgroup 0 is the producer (registers given back with
-// setmaxnreg): one thread issues TMA loads of A and B tiles into a ring of
-// shared-memory stages, each completing on a "full" mbarrier. Warpgroups 1
-// and 2 are consumers (registers raised with setmaxnreg): each owns 64 rows
-// of the 128-row output tile, waits for a full stage, runs wgmma on it from
-// shared memory, and releases the stage on its "empty" mbarrier. The grid
-// walks one tile list that covers every problem of the batch; within a
-// problem tiles go in groups of 8 tile-rows so that neighbouring CTAs share
-// A and B panels in L2.
+// setmaxnreg). Its second warp is the scheduler: it claims tiles, locates
+// them in the batch, makes sure their problem's tensor maps exist, and hands
+// each tile's TileInfo to the loader through a small ring in shared memory,
+// a few tiles ahead. Its first thread is the loader: it issues TMA loads of
+// A and B tiles into a ring of shared-memory stages, each completing on a
+// "full" mbarrier. Warpgroups 1 and 2 are consumers (registers raised with
+// setmaxnreg): each owns 64 rows of the 128-row output tile, waits for a
+// full stage, runs wgmma on it from shared memory, and each of its warps
+// releases the stage on its "empty" mbarrier. The grid walks one tile list
+// that covers every problem of the batch; within a problem tiles go in
+// groups of 8 tile-rows so that neighbouring CTAs share A and B panels in L2.
 //
-// Tile scheduling: CTA b starts with tile b; after that the producer takes
-// the next tile from a global counter (one atomicAdd a tile, issued as the
-// current tile starts so that its latency hides behind the loads). Tiles are
-// thus handed out in list order to whichever CTA is free, as the hardware
-// does for one CTA per tile: the tiles in flight stay a contiguous window
-// of the list (so the L2 panels they share stay resident), and tiles of
-// unequal cost balance across SMs. The producer writes each stage's tile
-// index into shared memory before the stage's full barrier completes; the
-// consumers read it there after waiting, so no other handshake is needed. A
-// stage carrying -1 ends the consumers' loop.
+// Tile scheduling: CTA b starts with tile b; after that the scheduler takes
+// the next tile from a global counter (one atomicAdd a tile), once the
+// loader is within a few stages of the end of what it has. Tiles are thus
+// handed out in list order to whichever CTA is free, as the hardware does
+// for one CTA per tile: the tiles in flight stay a contiguous window of the
+// list (so the L2 panels they share stay resident), and tiles of unequal
+// cost balance across SMs. Runs of tiny tiles (small grouped problems) are
+// prepared several at a time, so that the table reads and map builds of one
+// hide behind the loads of the ones before: measured on the H200, consumers
+// of a batch of 1024 small problems spent a quarter of their time waiting
+// for the next tile's first stage when one warp did all of that in turn.
+// The loader writes each tile's TileInfo into shared memory with its first
+// stage, before the stage's full barrier completes; the consumers read it
+// there after waiting, so they never read the problem table before their
+// main loop. A stage carrying tile -1 ends the consumers' loop.
 //
 // Clusters (kCluster = 2): two CTAs on neighbouring SMs take a pair of
 // vertically adjacent tiles (same B panel, two A panels) as one unit. Each
@@ -68,6 +76,8 @@ constexpr int kBM = kHopperTileM;
 constexpr int kRowBytes = 128;           // One swizzle row: BK elements.
 constexpr int kThreads = 384;            // Producer + 2 consumer warpgroups.
 constexpr int kGroupRows = 8;            // Tile-rows per rasterization group.
+constexpr int kConsumerWarps = 8;        // Each releases a stage on its own.
+constexpr int kInfoSlots = 8;            // Tiles the scheduler may have ready ahead.
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -317,7 +327,7 @@ struct Params {
 // engine) leave one stage of the work out, chosen at run time by the
 // environment variable MATMUL_HOPPER_DIAG, so that timing differences say
 // what bounds the kernel. The results are then wrong.
-//  kDiagNoLoads: after a CTA's first ring of stages the producer issues no
+//  kDiagNoLoads: after a CTA's first ring of stages the loader issues no
 //    more TMA loads, it only completes the full barriers (the consumers
 //    compute on stale stages): the kernel without its L2 traffic.
 //  kDiagNoStores: the consumers skip the epilogue.
@@ -351,6 +361,23 @@ __device__ __forceinline__ bool Diag(const Params& p, int bit) {
 #endif
 }
 
+// What the scheduler warp works out for one tile, handed to the loader
+// through the info ring and to the consumers with the tile's first stage,
+// so that neither reads the problem table on its critical path.
+struct alignas(16) TileInfo {
+  int tile;     // Index in the batch's tile (unit) list; -1 ends the work.
+  int problem;  // Index in the problem table.
+  int m0;       // First row of this CTA's tile.
+  int n0;       // First column.
+  int kblocks;  // k-blocks of the problem.
+  int flags;    // kInfo* bits.
+  float alpha;  // For the TMA-store epilogue.
+  int unused;
+};
+constexpr int kInfoTransposeA = 1;  // A stored k x m (MN-major).
+constexpr int kInfoTransposeB = 2;  // B stored n x k (K-major).
+constexpr int kInfoTmaStore = 4;    // StoresByTma: the epilogue goes out by TMA.
+
 template <int BN>
 struct Layout {
   // About 192 KiB of stages whatever the width.
@@ -362,14 +389,43 @@ struct Layout {
   // rows x 128 bytes (one 128-byte-swizzled box each).
   static constexpr int kStoreBufferBytes = 64 * kRowBytes;
   static constexpr int kStoreOffset = kStages * kStageBytes;
-  // Stages (1024-byte aligned), the store buffers, then 2*kStages barriers,
-  // then each stage's tile index, then three 128-byte tensor-map scratch
-  // slots (A, B, D).
+  // Stages (1024-byte aligned), the store buffers, then the barriers (full
+  // and empty per stage, full and empty per info slot), each stage's
+  // TileInfo, the info ring, the loader's count of issued k-blocks, and
+  // three 128-byte tensor-map scratch slots (A, B, D).
   static constexpr int kBarrierOffset = kStoreOffset + 2 * 2 * kStoreBufferBytes;
-  static constexpr int kTileOffset = kBarrierOffset + 2 * kStages * 8;
-  static constexpr int kMapOffset = kTileOffset + kStages * 4 + 128;
+  static constexpr int kStageInfoOffset = kBarrierOffset + (2 * kStages + 2 * kInfoSlots) * 8;
+  static constexpr int kInfoOffset = kStageInfoOffset + kStages * sizeof(TileInfo);
+  static constexpr int kIssuedOffset = kInfoOffset + kInfoSlots * sizeof(TileInfo);
+  static constexpr int kMapOffset = (kIssuedOffset + 16 + 127) / 128 * 128;
   static constexpr int kBytes = kMapOffset + 3 * 128 + 1024;  // + alignment slack
+  static_assert(kBarrierOffset % 16 == 0 && kStageInfoOffset % 16 == 0, "TileInfo alignment");
   static_assert(kBytes <= 227 * 1024, "over the shared memory of one SM");
+};
+
+// The shared-memory objects of one CTA, carved out of Layout.
+template <int BN>
+struct Smem {
+  uint8_t* stages;
+  uint64_t* full;        // Per stage: its loads landed (count 1 + bytes).
+  uint64_t* empty;       // Per stage: every consumer warp of the stage's CTAs is done.
+  uint64_t* info_full;   // Per info slot: the scheduler wrote it.
+  uint64_t* info_empty;  // Per info slot: the loader read it.
+  TileInfo* stage_info;  // Per stage: the tile it starts (read at a tile's first stage).
+  TileInfo* info;        // The scheduler-to-loader ring.
+  int* issued;           // k-blocks the loader has issued (shared-memory atomics).
+  CUtensorMap* scratch;  // The scheduler's map scratch (A, B, D).
+
+  __device__ explicit Smem(uint8_t* base)
+      : stages(base),
+        full(reinterpret_cast<uint64_t*>(base + Layout<BN>::kBarrierOffset)),
+        empty(full + Layout<BN>::kStages),
+        info_full(empty + Layout<BN>::kStages),
+        info_empty(info_full + kInfoSlots),
+        stage_info(reinterpret_cast<TileInfo*>(base + Layout<BN>::kStageInfoOffset)),
+        info(reinterpret_cast<TileInfo*>(base + Layout<BN>::kInfoOffset)),
+        issued(reinterpret_cast<int*>(base + Layout<BN>::kIssuedOffset)),
+        scratch(reinterpret_cast<CUtensorMap*>(base + Layout<BN>::kMapOffset)) {}
 };
 
 // Problem and tile coordinates of global tile `tile`.
@@ -414,11 +470,11 @@ __device__ __forceinline__ const CUtensorMap* MapD(const Params& p, int prob) {
   return p.maps + 3 * prob + 2;
 }
 
-// Producer warp: makes sure problem `prob`'s tensor maps are built and
-// visible; returns them.
+// Scheduler warp: makes sure problem `prob`'s tensor maps are built and
+// published (by this CTA or another). The threads that use them acquire
+// them (AcquireMap) after learning of the problem from this warp.
 template <typename T, int kCluster>
-__device__ void EnsureMaps(const Params& p, int prob, CUtensorMap* scratch,
-                           const CUtensorMap** map_a, const CUtensorMap** map_b) {
+__device__ void BuildMaps(const Params& p, int prob, CUtensorMap* scratch) {
   const int lane = threadIdx.x & 31;
   CUtensorMap* ga = p.maps + 3 * prob;
   CUtensorMap* gb = ga + 1;
@@ -487,17 +543,9 @@ __device__ void EnsureMaps(const Params& p, int prob, CUtensorMap* scratch,
     while (LoadAcquire(flag) != ready) __nanosleep(64);
   }
   __syncwarp();
-  if (lane == 0) {
-    AcquireMap(ga);
-    AcquireMap(gb);
-    PrefetchMap(ga);
-    PrefetchMap(gb);
-  }
-  *map_a = ga;
-  *map_b = gb;
 }
 
-// Producer lane 0: the tile (unit) after `tile` (total_tiles when none).
+// Scheduler lane 0: the tile (unit) after `tile` (total_tiles when none).
 template <int kCluster>
 __device__ __forceinline__ int ClaimTile(const Params& p, int tile) {
   const int ctas = static_cast<int>(gridDim.x) / kCluster;
@@ -506,10 +554,11 @@ __device__ __forceinline__ int ClaimTile(const Params& p, int tile) {
   return static_cast<int>(gridDim.x + atomicAdd(p.tile_counter, 1u));
 }
 
-// Producer lane 0: the TMA loads of k-block `kb` of the tile at (m0, n0)
-// into stage `s`, completing on its full barrier.
+// Loader: the TMA loads of k-block `kb` of the tile at (m0, n0) into
+// stage `s`, completing on its full barrier. `flags`: the tile's kInfo*
+// bits (operand layouts).
 template <typename T, int BN, int kCluster>
-__device__ __forceinline__ void IssueStage(const DeviceGemmProblem& pr, const CUtensorMap* map_a,
+__device__ __forceinline__ void IssueStage(int flags, const CUtensorMap* map_a,
                                            const CUtensorMap* map_b, uint8_t* stages,
                                            uint64_t* full, int s, int kb, int m0, int n0,
                                            int rank) {
@@ -519,7 +568,7 @@ __device__ __forceinline__ void IssueStage(const DeviceGemmProblem& pr, const CU
   uint8_t* sa = stages + s * L::kStageBytes;
   uint8_t* sb = sa + L::kABytes;
   const int k0 = kb * BK;
-  if (pr.transpose_a) {  // MN-major: two 64-wide boxes.
+  if (flags & kInfoTransposeA) {  // MN-major: two 64-wide boxes.
     TmaLoad2d(sa, map_a, m0, k0, &full[s]);
     TmaLoad2d(sa + BK * kRowBytes, map_a, m0 + 64, k0, &full[s]);
   } else {
@@ -528,7 +577,7 @@ __device__ __forceinline__ void IssueStage(const DeviceGemmProblem& pr, const CU
   if constexpr (kCluster > 1) {
     // This CTA's half of B, into both CTAs.
     constexpr int kHalf = BN / 2;
-    if (pr.transpose_b) {  // K-major: a box of BN/2 rows.
+    if (flags & kInfoTransposeB) {  // K-major: a box of BN/2 rows.
       TmaLoad2dMulticast(sb + rank * kHalf * kRowBytes, map_b, k0, n0 + rank * kHalf,
                          &full[s], 0x3);
     } else {
@@ -539,7 +588,7 @@ __device__ __forceinline__ void IssueStage(const DeviceGemmProblem& pr, const CU
                            0x3);
       }
     }
-  } else if (pr.transpose_b) {  // K-major: one box of BN rows.
+  } else if (flags & kInfoTransposeB) {  // K-major: one box of BN rows.
     TmaLoad2d(sb, map_b, k0, n0, &full[s]);
   } else {
 #pragma unroll
@@ -549,71 +598,114 @@ __device__ __forceinline__ void IssueStage(const DeviceGemmProblem& pr, const CU
   }
 }
 
+// Scheduler warp (the producer warpgroup's second warp): walks this CTA's
+// tiles ahead of the loader. For each it locates the tile, makes sure the
+// problem's tensor maps exist, and hands a TileInfo to the loader through
+// the info ring; a TileInfo with tile -1 ends the work. A new tile is
+// claimed only once the loader has at most kLookahead k-blocks left of what
+// it was given: far enough ahead to hide the claim, the table reads and a
+// map build behind the loads, and no further, so that tiles are still handed
+// out to whichever CTA is free (large tiles balance as before) while runs of
+// tiny tiles are prepared several at a time.
 template <typename T, int BN, int kCluster>
-__device__ void Produce(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty,
-                        volatile int* stage_tile, CUtensorMap* scratch) {
-  using L = Layout<BN>;
+__device__ void Schedule(const Params& p, const Smem<BN>& sm) {
   constexpr int BK = Elem<T>::kBK;
+  constexpr int kLookahead = 2 * Layout<BN>::kStages;
   const int lane = threadIdx.x & 31;
   const int rank = kCluster > 1 ? static_cast<int>(ClusterRank()) : 0;
+  const bool dynamic = static_cast<int>(gridDim.x) / kCluster < p.total_tiles;
   int tile = static_cast<int>(blockIdx.x) / kCluster;
-  int seq = 0;
-  if (tile < p.total_tiles) {
-    TileCoord t = Locate<BN, kCluster>(p, tile);
-    const CUtensorMap* map_a;
-    const CUtensorMap* map_b;
-    EnsureMaps<T, kCluster>(p, t.problem, scratch, &map_a, &map_b);
-    while (tile < p.total_tiles) {
-      // Claimed now, used after this tile's loads: the atomic's latency
-      // hides behind them.
-      int next_tile = 0;
-      if (lane == 0) next_tile = ClaimTile<kCluster>(p, tile);
-      const DeviceGemmProblem& pr = p.problems[t.problem];
-      const int kblocks = static_cast<int>((pr.k + BK - 1) / BK);
-      const int prepare_at = min(kblocks, L::kStages) - 1;
-      const int m0 = (t.tile_m * kCluster + rank) * kBM;
-      const int n0 = t.tile_n * BN;
-      TileCoord next = t;
-      const CUtensorMap* next_a = map_a;
-      const CUtensorMap* next_b = map_b;
-      for (int kb = 0; kb < kblocks; ++kb, ++seq) {
-        if (lane == 0) {
-          const int s = seq % L::kStages;
-          MbarWait(&empty[s], ((seq / L::kStages) & 1) ^ 1);
-          stage_tile[s] = tile;  // Released to the consumers by the arrive below.
-          if (Diag(p, kDiagNoLoads) && seq >= L::kStages) {
-            MbarArrive(&full[s]);
-          } else {
-            IssueStage<T, BN, kCluster>(pr, map_a, map_b, stages, full, s, kb, m0, n0, rank);
-          }
-        }
-        __syncwarp();
-        // The next tile's maps are made ready while this tile's loads wait
-        // for free stages, off the consumers' critical path.
-        if (kb == prepare_at) {
-          next_tile = __shfl_sync(0xffffffffu, next_tile, 0);
-          if (next_tile < p.total_tiles) {
-            next = Locate<BN, kCluster>(p, next_tile);
-            if (next.problem != t.problem) {
-              EnsureMaps<T, kCluster>(p, next.problem, scratch, &next_a, &next_b);
-            }
-          }
-        }
+  int built = -1;      // Problem whose maps this warp last made sure of.
+  int published = 0;   // k-blocks handed to the loader so far.
+  for (int n = 0;; ++n) {
+    const int slot = n % kInfoSlots;
+    if (lane == 0) MbarWait(&sm.info_empty[slot], ((n / kInfoSlots) & 1) ^ 1);
+    __syncwarp();
+    if (tile >= p.total_tiles) {
+      if (lane == 0) {
+        sm.info[slot].tile = -1;
+        MbarArrive(&sm.info_full[slot]);
       }
-      map_a = next_a;
-      map_b = next_b;
-      t = next;
-      tile = next_tile;
+      break;
+    }
+    const TileCoord t = Locate<BN, kCluster>(p, tile);
+    const DeviceGemmProblem& pr = p.problems[t.problem];
+    if (t.problem != built) {
+      BuildMaps<T, kCluster>(p, t.problem, sm.scratch);
+      built = t.problem;
+    }
+    const int kblocks = static_cast<int>((pr.k + BK - 1) / BK);
+    if (lane == 0) {
+      TileInfo ti;
+      ti.tile = tile;
+      ti.problem = t.problem;
+      ti.m0 = (t.tile_m * kCluster + rank) * kBM;
+      ti.n0 = t.tile_n * BN;
+      ti.kblocks = kblocks;
+      ti.flags = (pr.transpose_a ? kInfoTransposeA : 0) | (pr.transpose_b ? kInfoTransposeB : 0) |
+                 (StoresByTma(p, pr) ? kInfoTmaStore : 0);
+      ti.alpha = static_cast<float>(pr.alpha);
+      ti.unused = 0;
+      sm.info[slot] = ti;
+      MbarArrive(&sm.info_full[slot]);  // Releases the slot's contents.
+    }
+    published += kblocks;
+    int next = 0;
+    if (lane == 0) {
+      if (dynamic) {
+        while (published - atomicAdd(sm.issued, 0) > kLookahead) __nanosleep(32);
+      }
+      next = ClaimTile<kCluster>(p, tile);
+    }
+    tile = __shfl_sync(0xffffffffu, next, 0);
+  }
+}
+
+// Loader (lane 0 of the producer warpgroup): takes tiles from the info ring
+// and issues their k-blocks' TMA loads into the stage ring. Each tile's
+// first stage carries its TileInfo to the consumers; after the last tile, a
+// stage with tile -1 and no bytes ends the consumers' loop.
+template <typename T, int BN, int kCluster>
+__device__ void Load(const Params& p, const Smem<BN>& sm) {
+  using L = Layout<BN>;
+  const int rank = kCluster > 1 ? static_cast<int>(ClusterRank()) : 0;
+  int seq = 0;
+  int current = -1;  // Problem whose maps this thread has acquired.
+  const CUtensorMap* map_a = nullptr;
+  const CUtensorMap* map_b = nullptr;
+  for (int n = 0;; ++n) {
+    const int slot = n % kInfoSlots;
+    MbarWait(&sm.info_full[slot], (n / kInfoSlots) & 1);
+    const TileInfo ti = sm.info[slot];
+    MbarArrive(&sm.info_empty[slot]);
+    if (ti.tile < 0) break;
+    if (ti.problem != current) {
+      // Built and flagged before the scheduler handed the tile over.
+      map_a = p.maps + 3 * ti.problem;
+      map_b = map_a + 1;
+      AcquireMap(map_a);
+      AcquireMap(map_b);
+      PrefetchMap(map_a);
+      PrefetchMap(map_b);
+      current = ti.problem;
+    }
+    for (int kb = 0; kb < ti.kblocks; ++kb, ++seq) {
+      const int s = seq % L::kStages;
+      MbarWait(&sm.empty[s], ((seq / L::kStages) & 1) ^ 1);
+      if (kb == 0) sm.stage_info[s] = ti;  // Released to the consumers by the arrive below.
+      if (Diag(p, kDiagNoLoads) && seq >= L::kStages) {
+        MbarArrive(&sm.full[s]);
+      } else {
+        IssueStage<T, BN, kCluster>(ti.flags, map_a, map_b, sm.stages, sm.full, s, kb, ti.m0,
+                                    ti.n0, rank);
+      }
+      atomicAdd(sm.issued, 1);
     }
   }
-  // End of work: a stage with tile -1 and no bytes.
-  if (lane == 0) {
-    const int s = seq % L::kStages;
-    MbarWait(&empty[s], ((seq / L::kStages) & 1) ^ 1);
-    stage_tile[s] = -1;
-    MbarArrive(&full[s]);
-  }
-  __syncwarp();
+  const int s = seq % L::kStages;
+  MbarWait(&sm.empty[s], ((seq / L::kStages) & 1) ^ 1);
+  sm.stage_info[s].tile = -1;
+  MbarArrive(&sm.full[s]);
 }
 
 template <typename TOut>
@@ -687,21 +779,6 @@ __device__ void Epilogue(const DeviceGemmProblem& pr, const float (&acc)[BN / 2]
   }
 }
 
-template <typename TOut>
-__device__ __forceinline__ void StoreSmemPair(uint8_t* p, float v0, float v1);
-template <>
-__device__ __forceinline__ void StoreSmemPair<float>(uint8_t* p, float v0, float v1) {
-  *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
-}
-template <>
-__device__ __forceinline__ void StoreSmemPair<__nv_bfloat16>(uint8_t* p, float v0, float v1) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
-}
-template <>
-__device__ __forceinline__ void StoreSmemPair<__half>(uint8_t* p, float v0, float v1) {
-  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(v0, v1);
-}
-
 // Writes a consumer warpgroup's 64 x BN accumulators (times alpha) through
 // shared memory with TMA stores: the tile goes in boxes of 64 rows x 128
 // bytes, alternating between the warpgroup's two buffers, so that writing
@@ -709,16 +786,14 @@ __device__ __forceinline__ void StoreSmemPair<__half>(uint8_t* p, float v0, floa
 // warpgroup returns to its main loop; TMA clips rows and columns outside
 // the problem. `stores` counts this warpgroup's boxes (it picks the buffer).
 template <typename TOut, int BN>
-__device__ void EpilogueTma(const DeviceGemmProblem& pr, const CUtensorMap* map_d,
-                            const float (&acc)[BN / 2], int row0, int col0, uint8_t* buffers,
-                            int wg, int& stores) {
+__device__ void EpilogueTma(float alpha, const CUtensorMap* map_d, const float (&acc)[BN / 2],
+                            int row0, int col0, uint8_t* buffers, int wg, int& stores) {
   constexpr int kCols = kRowBytes / static_cast<int>(sizeof(TOut));  // Columns per box.
   constexpr int kBoxes = BN / kCols;
-  constexpr int kBufferBytes = 64 * kRowBytes;
+  constexpr int kBufferBytes = Layout<BN>::kStoreBufferBytes;
   const int t = threadIdx.x & 127;
   const int warp = t >> 5, lane = t & 31;
   const bool leader = t == 0;
-  const float alpha = static_cast<float>(pr.alpha);
 #pragma unroll
   for (int box = 0; box < kBoxes; ++box, ++stores) {
     uint8_t* buffer = buffers + (stores & 1) * kBufferBytes;
@@ -734,8 +809,8 @@ __device__ void EpilogueTma(const DeviceGemmProblem& pr, const CUtensorMap* map_
         const int byte = (jj * 8 + (lane & 3) * 2) * static_cast<int>(sizeof(TOut));
         // 128-byte swizzle: 16-byte unit u of row r sits at unit u ^ (r % 8).
         const int at = r * kRowBytes + ((((byte >> 4) ^ (r & 7))) << 4) + (byte & 15);
-        StoreSmemPair<TOut>(buffer + at, alpha * acc[j * 4 + half * 2 + 0],
-                            alpha * acc[j * 4 + half * 2 + 1]);
+        StorePair<TOut>(reinterpret_cast<TOut*>(buffer + at), alpha * acc[j * 4 + half * 2 + 0],
+                        alpha * acc[j * 4 + half * 2 + 1], true, true);
       }
     }
     FenceProxyAsync();
@@ -747,12 +822,18 @@ __device__ void EpilogueTma(const DeviceGemmProblem& pr, const CUtensorMap* map_
   }
 }
 
-// Gives stage `s` back to the producers: this CTA's and, with clusters, the
-// peer's (whose multicast writes into this CTA's stage too).
+// Gives stage `s` back to the loader: this CTA's and, with clusters, the
+// peer's (whose multicast writes into this CTA's stage too). Called by the
+// whole warp once its reads of the stage (its MMAs, and at a tile's first
+// stage lane 0's read of the TileInfo) are done; each consumer warp arrives
+// for itself, so that every read is ordered before the stage is refilled.
 template <int kCluster>
 __device__ __forceinline__ void Release(uint64_t* empty, int s) {
-  MbarArrive(&empty[s]);
-  if constexpr (kCluster > 1) MbarArriveCluster(&empty[s], ClusterRank() ^ 1);
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) {
+    MbarArrive(&empty[s]);
+    if constexpr (kCluster > 1) MbarArriveCluster(&empty[s], ClusterRank() ^ 1);
+  }
 }
 
 template <typename T, int BN, int kCluster, int kAmn, int kBmn>
@@ -762,7 +843,6 @@ __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, 
   using L = Layout<BN>;
   constexpr int BK = Elem<T>::kBK;
   constexpr int kSteps = BK / Elem<T>::kStep;
-  const bool leader = (threadIdx.x & 127) == 0;
   int previous = -1;  // Stage whose MMAs may still be running.
   for (int kb = 0; kb < kblocks; ++kb, ++seq) {
     const int s = seq % L::kStages;
@@ -789,22 +869,49 @@ __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, 
     }
     WgmmaCommit();
     // Keep this k-block's MMAs in flight; the previous block's are done, so
-    // its stage goes back to the producer.
+    // its stage goes back to the loader.
     WgmmaWait<1>();
     FenceRegisters(acc);
-    if (leader && previous >= 0) Release<kCluster>(empty, previous);
+    if (previous >= 0) Release<kCluster>(empty, previous);
     previous = s;
   }
   WgmmaWait<0>();
   FenceRegisters(acc);
-  if (leader && previous >= 0) Release<kCluster>(empty, previous);
+  if (previous >= 0) Release<kCluster>(empty, previous);
+}
+
+// Consumer warp: the TileInfo at `info`, read by lane 0 alone and passed to
+// the other lanes by shuffles, so that the warp's only shared-memory read of
+// it comes before, in lane 0's own program order, the arrive with which
+// lane 0 later releases the stage.
+__device__ __forceinline__ TileInfo ReadTileInfo(const TileInfo* info) {
+  int v[8];
+  if ((threadIdx.x & 31) == 0) {
+    const int4 lo = reinterpret_cast<const int4*>(info)[0];
+    const int4 hi = reinterpret_cast<const int4*>(info)[1];
+    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+    v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = __shfl_sync(0xffffffffu, v[i], 0);
+  TileInfo ti;
+  ti.tile = v[0];
+  ti.problem = v[1];
+  ti.m0 = v[2];
+  ti.n0 = v[3];
+  ti.kblocks = v[4];
+  ti.flags = v[5];
+  ti.alpha = __int_as_float(v[6]);
+  ti.unused = v[7];
+  return ti;
 }
 
 template <typename T, int BN, int kCluster>
-__device__ void Consume(const Params& p, uint8_t* stages, uint64_t* full, uint64_t* empty,
-                        const volatile int* stage_tile) {
+__device__ void Consume(const Params& p, const Smem<BN>& sm) {
   using L = Layout<BN>;
-  constexpr int BK = Elem<T>::kBK;
+  uint8_t* stages = sm.stages;
+  uint64_t* full = sm.full;
+  uint64_t* empty = sm.empty;
   const int wg = (threadIdx.x >> 7) - 1;  // 0 or 1
   uint8_t* store_buffers = stages + L::kStoreOffset + wg * 2 * L::kStoreBufferBytes;
   int stores = 0;         // TMA-stored boxes so far (picks the staging buffer)
@@ -818,11 +925,9 @@ __device__ void Consume(const Params& p, uint8_t* stages, uint64_t* full, uint64
       const int s = seq % L::kStages;
       MbarWait(&full[s], (seq / L::kStages) & 1);
     }
-    const int tile = stage_tile[seq % L::kStages];
-    if (tile < 0) break;
-    const TileCoord t = Locate<BN, kCluster>(p, tile);
-    const DeviceGemmProblem& pr = p.problems[t.problem];
-    const int kblocks = static_cast<int>((pr.k + BK - 1) / BK);
+    const TileInfo ti = ReadTileInfo(&sm.stage_info[seq % L::kStages]);
+    if (ti.tile < 0) break;
+    const int kblocks = ti.kblocks;
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
     FenceRegisters(acc);
@@ -830,7 +935,8 @@ __device__ void Consume(const Params& p, uint8_t* stages, uint64_t* full, uint64
     if constexpr (sizeof(T) == 4) {
       MainLoop<T, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg, no_mma);
     } else {
-      const int layout = (pr.transpose_a ? 2 : 0) + (pr.transpose_b ? 0 : 1);
+      const int layout =
+          ((ti.flags & kInfoTransposeA) ? 2 : 0) + ((ti.flags & kInfoTransposeB) ? 0 : 1);
       switch (layout) {
         case 0: MainLoop<T, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
         case 1: MainLoop<T, BN, kCluster, 0, 1>(acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
@@ -839,30 +945,31 @@ __device__ void Consume(const Params& p, uint8_t* stages, uint64_t* full, uint64
       }
     }
     if (Diag(p, kDiagNoStores)) continue;
-    const int rank = kCluster > 1 ? static_cast<int>(ClusterRank()) : 0;
-    const int row0 = (t.tile_m * kCluster + rank) * kBM + wg * 64;
-    const int col0 = t.tile_n * BN;
-    if (StoresByTma(p, pr)) {
-      const CUtensorMap* map_d = MapD(p, t.problem);
-      if ((threadIdx.x & 127) == 0 && acquired_d != t.problem) {
-        // Built by a producer (this CTA's or another's) and seen through the
-        // map flag before this tile's loads were issued.
+    const int row0 = ti.m0 + wg * 64;
+    const int col0 = ti.n0;
+    if (ti.flags & kInfoTmaStore) {
+      const CUtensorMap* map_d = MapD(p, ti.problem);
+      if ((threadIdx.x & 127) == 0 && acquired_d != ti.problem) {
+        // Built by a scheduler (this CTA's or another's) and seen through
+        // the map flag before the tile was handed over.
         AcquireMap(map_d);
-        acquired_d = t.problem;
+        acquired_d = ti.problem;
       }
       switch (p.output) {
         case DType::kFloat32:
-          EpilogueTma<float, BN>(pr, map_d, acc, row0, col0, store_buffers, wg, stores);
+          EpilogueTma<float, BN>(ti.alpha, map_d, acc, row0, col0, store_buffers, wg, stores);
           break;
         case DType::kBFloat16:
-          EpilogueTma<__nv_bfloat16, BN>(pr, map_d, acc, row0, col0, store_buffers, wg, stores);
+          EpilogueTma<__nv_bfloat16, BN>(ti.alpha, map_d, acc, row0, col0, store_buffers, wg,
+                                         stores);
           break;
         default:
-          EpilogueTma<__half, BN>(pr, map_d, acc, row0, col0, store_buffers, wg, stores);
+          EpilogueTma<__half, BN>(ti.alpha, map_d, acc, row0, col0, store_buffers, wg, stores);
           break;
       }
       continue;
     }
+    const DeviceGemmProblem& pr = p.problems[ti.problem];
     switch (p.output) {
       case DType::kFloat32: Epilogue<float, BN>(pr, acc, row0, col0); break;
       case DType::kBFloat16: Epilogue<__nv_bfloat16, BN>(pr, acc, row0, col0); break;
@@ -881,16 +988,18 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
   extern __shared__ uint8_t smem_raw[];
   uint8_t* stages = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint64_t* full = reinterpret_cast<uint64_t*>(stages + L::kBarrierOffset);
-  uint64_t* empty = full + L::kStages;
-  int* stage_tile = reinterpret_cast<int*>(stages + L::kTileOffset);
-  CUtensorMap* scratch = reinterpret_cast<CUtensorMap*>(
-      (reinterpret_cast<uintptr_t>(stage_tile + L::kStages) + 127) & ~uintptr_t{127});
+  const Smem<BN> sm(stages);
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
-      MbarInit(&full[s], 1);
-      MbarInit(&empty[s], 2 * kCluster);  // Both consumers of every CTA sharing the stage.
+      MbarInit(&sm.full[s], 1);
+      // Every consumer warp of every CTA sharing the stage.
+      MbarInit(&sm.empty[s], kConsumerWarps * kCluster);
     }
+    for (int i = 0; i < kInfoSlots; ++i) {
+      MbarInit(&sm.info_full[i], 1);
+      MbarInit(&sm.info_empty[i], 1);
+    }
+    *sm.issued = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   // The peer CTA arrives on these barriers and writes these stages.
@@ -903,10 +1012,14 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
   // to 56 (at 40 its look-ahead code spilled).
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
-    if (threadIdx.x < 32) Produce<T, BN, kCluster>(p, stages, full, empty, stage_tile, scratch);
+    if (threadIdx.x == 0) {
+      Load<T, BN, kCluster>(p, sm);
+    } else if (threadIdx.x >= 32 && threadIdx.x < 64) {
+      Schedule<T, BN, kCluster>(p, sm);
+    }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
-    Consume<T, BN, kCluster>(p, stages, full, empty, stage_tile);
+    Consume<T, BN, kCluster>(p, sm);
   }
   // No CTA leaves while its peer may still arrive on its barriers.
   if constexpr (kCluster > 1) ClusterSync();
