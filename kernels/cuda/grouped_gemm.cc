@@ -17,6 +17,9 @@ namespace matmul::cuda {
 namespace {
 
 constexpr size_t kAlign = 256;
+// Batches whose zeroed tensor-map slots are at most this many bytes send
+// them with the problem table instead of zeroing them on the device.
+constexpr size_t kMapsInCopyBytes = 16 << 10;
 
 size_t AlignUp(size_t v, size_t a = kAlign) { return (v + a - 1) / a * a; }
 
@@ -86,18 +89,27 @@ struct GroupedGemmLauncher::Impl {
     if (scratch != nullptr) cudaFree(scratch);
   }
 
+  // One pinned buffer handed out by Stage(), to be filled and given to Send().
+  struct Staged {
+    uint8_t* host = nullptr;  // `bytes` zeroed bytes, filled by the caller.
+    size_t bytes = 0;
+    Staging* staging = nullptr;  // Whose buffer it is...
+    int index = 0;               // ...and which of its two.
+  };
+
   // A zeroed pinned buffer of `bytes` for the next upload on `stream`, to be
   // filled in place and sent with Send(): the table is built where the copy
   // reads it, with no host allocation per launch (a fresh buffer of a few
   // hundred KB costs page faults on every call). Waits until the device has
   // read what was last sent from this buffer.
-  absl::StatusOr<uint8_t*> Stage(cudaStream_t stream, size_t bytes) {
+  absl::StatusOr<Staged> Stage(cudaStream_t stream, size_t bytes) {
     Staging* s;
     {
       std::lock_guard<std::mutex> lock(mu);
       s = &staging[stream];
     }
     const int i = s->next;
+    s->next ^= 1;
     if (s->done[i] == nullptr) {
       cudaError_t e = cudaEventCreateWithFlags(&s->done[i], cudaEventDisableTiming);
       if (e != cudaSuccess) return Error("creating a staging event", e);
@@ -116,22 +128,16 @@ struct GroupedGemmLauncher::Impl {
       s->bytes[i] = size;
     }
     std::memset(s->ptr[i], 0, bytes);
-    return s->ptr[i];
+    return Staged{s->ptr[i], bytes, s, i};
   }
 
-  // Copies the first `bytes` of the buffer Stage() last gave for `stream` to
-  // `device`, asynchronously on `stream`.
-  cudaError_t Send(void* device, size_t bytes, cudaStream_t stream) {
-    Staging* s;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      s = &staging[stream];
-    }
-    const int i = s->next;
-    s->next ^= 1;
-    cudaError_t e = cudaMemcpyAsync(device, s->ptr[i], bytes, cudaMemcpyHostToDevice, stream);
+  // Copies `staged` to `device`, asynchronously on `stream` (the stream it
+  // was staged for), and marks when the copy has read it.
+  static cudaError_t Send(const Staged& staged, void* device, cudaStream_t stream) {
+    cudaError_t e =
+        cudaMemcpyAsync(device, staged.host, staged.bytes, cudaMemcpyHostToDevice, stream);
     if (e != cudaSuccess) return e;
-    return cudaEventRecord(s->done[i], stream);
+    return cudaEventRecord(staged.staging->done[staged.index], stream);
   }
 
   static absl::Status Error(absl::string_view what, cudaError_t e) {
@@ -521,11 +527,20 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     for (const auto& p : hopper) total += units_of(p);
     if (total > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
     // Table, offsets, zeroed flags and tile owners, built in pinned staging
-    // and sent in one copy.
-    const size_t table_bytes = layout.hopper_maps - layout.hopper_table;
-    absl::StatusOr<uint8_t*> staged = impl_->Stage(stream, table_bytes);
+    // and sent in one copy. The tensor-map slots after them are overwritten
+    // by the kernel; they are zeroed first only so that compute-sanitizer's
+    // initcheck, which models the kernel's tensormap publish as a read of
+    // the destination, does not report a read of uninitialised memory. For
+    // small batches the zeroed slots ride along in the same copy (a few KiB
+    // over PCIe cost less than another operation on the stream); for large
+    // ones (384 bytes a problem) they are zeroed on the device.
+    const size_t maps_bytes = hopper.size() * 3 * sizeof(CUtensorMap);
+    const bool maps_in_copy = maps_bytes <= kMapsInCopyBytes;
+    const size_t table_bytes =
+        layout.hopper_maps - layout.hopper_table + (maps_in_copy ? maps_bytes : 0);
+    absl::StatusOr<Impl::Staged> staged = impl_->Stage(stream, table_bytes);
     if (!staged.ok()) return staged.status();
-    uint8_t* host = *staged;
+    uint8_t* host = staged->host;
     std::memcpy(host, hopper.data(), hopper.size() * sizeof(DeviceGemmProblem));
     auto* offsets = reinterpret_cast<int32_t*>(host + layout.hopper_offsets - layout.hopper_table);
     int32_t at = 0;
@@ -539,18 +554,14 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     for (size_t i = 0; i < hopper.size(); ++i) {
       std::fill(tile_problem + offsets[i], tile_problem + offsets[i + 1], static_cast<int32_t>(i));
     }
-    if (auto s = check(impl_->Send(ws + layout.hopper_table, table_bytes, stream)); !s.ok()) {
+    if (auto s = check(Impl::Send(*staged, ws + layout.hopper_table, stream)); !s.ok()) {
       return s;
     }
-    // The tensor-map slots are overwritten by the kernel. Zeroing them (on
-    // the device: 384 bytes a problem need not cross PCIe) keeps
-    // compute-sanitizer's initcheck from reporting the tensormap publish,
-    // which it models as a read of the destination, as a read of
-    // uninitialised memory.
-    if (auto s = check(cudaMemsetAsync(ws + layout.hopper_maps, 0,
-                                       hopper.size() * 3 * sizeof(CUtensorMap), stream));
-        !s.ok()) {
-      return s;
+    if (!maps_in_copy) {
+      if (auto s = check(cudaMemsetAsync(ws + layout.hopper_maps, 0, maps_bytes, stream));
+          !s.ok()) {
+        return s;
+      }
     }
     HopperLaunch l;
     l.input = options.input;
@@ -586,9 +597,9 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
   }
   if (!simt.empty()) {
     const size_t table_bytes = layout.transposes - layout.simt_table;
-    absl::StatusOr<uint8_t*> staged = impl_->Stage(stream, table_bytes);
+    absl::StatusOr<Impl::Staged> staged = impl_->Stage(stream, table_bytes);
     if (!staged.ok()) return staged.status();
-    uint8_t* host = *staged;
+    uint8_t* host = staged->host;
     std::memcpy(host, simt.data(), simt.size() * sizeof(DeviceGemmProblem));
     auto* offsets = reinterpret_cast<int32_t*>(host + layout.simt_offsets - layout.simt_table);
     int64_t at = 0;
@@ -598,7 +609,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     }
     if (at > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
     offsets[simt.size()] = static_cast<int32_t>(at);
-    if (auto s = check(impl_->Send(ws + layout.simt_table, table_bytes, stream)); !s.ok()) {
+    if (auto s = check(Impl::Send(*staged, ws + layout.simt_table, stream)); !s.ok()) {
       return s;
     }
     SimtLaunch l;
