@@ -5,14 +5,43 @@ namespace matmul {
 void HalfToFloat(const uint16_t* in, float* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = HalfToFloat(in[i]);
 }
+// The bfloat16 loops go in blocks of kBlock elements with a fixed trip
+// count, which GCC's SLP vectorizer turns into SSE2 code at -O2 (the plain
+// element loop stayed scalar: one element a cycle, 11% of a CPU server's
+// time on small bfloat16 requests). The tails reuse the scalar functions;
+// both give the same bits.
+constexpr size_t kBlock = 16;
+
 void BFloat16ToFloat(const uint16_t* in, float* out, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = BFloat16ToFloat(in[i]);
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    uint32_t bits[kBlock];
+    for (size_t j = 0; j < kBlock; ++j) bits[j] = static_cast<uint32_t>(in[i + j]) << 16;
+    std::memcpy(out + i, bits, sizeof(bits));
+  }
+  for (; i < n; ++i) out[i] = BFloat16ToFloat(in[i]);
 }
 void FloatToHalf(const float* in, uint16_t* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = FloatToHalf(in[i]);
 }
 void FloatToBFloat16(const float* in, uint16_t* out, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = FloatToBFloat16(in[i]);
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    uint32_t bits[kBlock];
+    std::memcpy(bits, in + i, sizeof(bits));
+    uint16_t narrowed[kBlock];
+    for (size_t j = 0; j < kBlock; ++j) {
+      // As FloatToBFloat16(float), without the branch: NaN keeps its top
+      // bits and is made quiet; everything else rounds to nearest-even.
+      const uint32_t x = bits[j];
+      const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+      const uint32_t quiet_nan = (x >> 16) | 0x40u;
+      const bool nan = static_cast<int32_t>(x & 0x7fffffffu) > 0x7f800000;
+      narrowed[j] = static_cast<uint16_t>(nan ? quiet_nan : rounded);
+    }
+    std::memcpy(out + i, narrowed, sizeof(narrowed));
+  }
+  for (; i < n; ++i) out[i] = FloatToBFloat16(in[i]);
 }
 
 }  // namespace matmul

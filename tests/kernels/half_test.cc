@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
+#include <vector>
 
 namespace matmul {
 namespace {
@@ -135,6 +138,50 @@ TEST(HalfTest, BulkConversionsMatchScalar) {
     EXPECT_EQ(b[i], FloatToBFloat16(in[i]));
     EXPECT_EQ(hf[i], HalfToFloat(h[i]));
     EXPECT_EQ(bf[i], BFloat16ToFloat(b[i]));
+  }
+}
+
+// The bulk bfloat16 conversions run in vectorizable blocks with a scalar
+// tail: every bit pattern, at every length and start offset around a block,
+// must give exactly what the scalar functions give (NaNs included).
+TEST(BFloat16Test, BulkConversionsMatchScalarOnEveryBitPattern) {
+  std::vector<uint16_t> all(0x10000);
+  for (uint32_t b = 0; b < 0x10000; ++b) all[b] = static_cast<uint16_t>(b);
+  std::vector<float> widened(all.size());
+  BFloat16ToFloat(all.data(), widened.data(), all.size());
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float scalar = BFloat16ToFloat(all[b]);
+    ASSERT_EQ(std::memcmp(&widened[b], &scalar, 4), 0) << std::hex << b;
+  }
+
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_int_distribution<uint32_t> bits;
+  std::vector<float> in(4099);
+  for (float& v : in) {
+    const uint32_t u = bits(rng);
+    std::memcpy(&v, &u, 4);
+  }
+  // Some NaNs (quiet and signalling), infinities and values at rounding ties.
+  const uint32_t specials[] = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7f800000u, 0xff800000u,
+                               0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x00000001u, 0x80000000u};
+  for (size_t i = 0; i < std::size(specials); ++i) std::memcpy(&in[7 * i + 3], &specials[i], 4);
+  for (size_t offset : {size_t{0}, size_t{1}, size_t{5}}) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{33},
+                     in.size() - offset}) {
+      std::vector<uint16_t> narrowed(n + 1, 0xabcd);
+      FloatToBFloat16(in.data() + offset, narrowed.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(narrowed[i], FloatToBFloat16(in[offset + i])) << "offset " << offset << " i " << i;
+      }
+      EXPECT_EQ(narrowed[n], 0xabcd) << "wrote past n = " << n;
+      std::vector<float> back(n + 1, -7.0f);
+      BFloat16ToFloat(narrowed.data(), back.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        const float scalar = BFloat16ToFloat(narrowed[i]);
+        ASSERT_EQ(std::memcmp(&back[i], &scalar, 4), 0) << "offset " << offset << " i " << i;
+      }
+      EXPECT_EQ(back[n], -7.0f) << "wrote past n = " << n;
+    }
   }
 }
 
