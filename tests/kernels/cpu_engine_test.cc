@@ -151,6 +151,33 @@ TEST(CpuEngineTest, NaNAndInfinityPropagateAsIEEESays) {
   }
 }
 
+// The engine keeps its widening buffers per thread between calls, without
+// zeroing them: what one problem leaves there (here NaN everywhere) must
+// never show in the next problem's result, for each 16-bit type and for
+// beta zero (C not read) and nonzero.
+TEST(CpuEngineTest, LeftoversOfOneProblemNeverReachTheNext) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    for (double beta : {0.0, 0.5}) {
+      Buffers nan_problem = MakeProblem({33, 17, 9, t, t, false, false, 1.0, beta}, rng);
+      const std::vector<double> nans(33 * 9, std::numeric_limits<double>::quiet_NaN());
+      FromDouble(nans, t, nan_problem.a.data());
+      ASSERT_TRUE(CpuEngine::RunOne(nan_problem.problem).ok());
+      ASSERT_TRUE(std::isnan(ToDouble(nan_problem.d.data(), t, 1)[0]));
+      // Smaller, same and larger than what is left in the buffers.
+      for (const Case& c : {Case{5, 3, 2, t, t, false, false, 1.0, beta},
+                            Case{33, 17, 9, t, t, false, false, 1.0, beta},
+                            Case{40, 20, 12, t, t, true, false, 2.0, beta}}) {
+        Buffers buf = MakeProblem(c, rng);
+        ASSERT_TRUE(CpuEngine::RunOne(buf.problem).ok());
+        EXPECT_LE(RelativeError(ReferenceGemm(buf.problem), buf.d.data(), t),
+                  ErrorBound(t, t, Precision::kDefault))
+            << Name(c);
+      }
+    }
+  }
+}
+
 TEST(CpuEngineTest, HandlesUnalignedBuffers) {
   std::mt19937_64 rng(std::random_device{}());
   const Case c{5, 6, 7, DType::kFloat64, DType::kFloat64, false, false, 1.0, 1.0};
