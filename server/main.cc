@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "matmul/build_info.h"
 #include "server/fault_injection.h"
@@ -112,6 +113,10 @@ ABSL_FLAG(int, max_inflight_per_client, 0,
           "or running; more get RESOURCE_EXHAUSTED. 0 means no limit.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, write \"<grpc port> <metrics port>\" to this file once serving.");
+ABSL_FLAG(bool, mutex_deadlock_detection, false,
+          "Check every absl::Mutex acquisition in the process (gRPC's own locks included) for "
+          "lock-order cycles, aborting on one. A debugging aid: Debian's Abseil is built with "
+          "the check on, and it takes one process-wide lock per acquisition.");
 
 extern char** environ;
 
@@ -271,6 +276,12 @@ int main(int argc, char** argv) {
       "environment as MATMUL_<FLAG> (e.g. MATMUL_BACKEND=cpu).");
   ApplyEnvironment();
   absl::ParseCommandLine(argc, argv);
+  // Off by default: with it on, two threads locking their own mutexes take
+  // 144 ns a lock instead of 9 (measured on the development machine), and
+  // every gRPC lock is an absl::Mutex.
+  absl::SetMutexDeadlockDetectionMode(absl::GetFlag(FLAGS_mutex_deadlock_detection)
+                                          ? absl::OnDeadlockCycle::kAbort
+                                          : absl::OnDeadlockCycle::kIgnore);
 
   // Block the stop signals in every thread; one thread waits for them.
   sigset_t stop_signals;

@@ -76,6 +76,10 @@ ABSL_FLAG(std::string, operands, "inline",
           "server once with PutMatrix and named by handle; only A and the result travel), shm "
           "(operands and results in POSIX shared memory; same host, server with --shared_memory).");
 ABSL_FLAG(int, chain_length, 10, "chain: products in the chain.");
+ABSL_FLAG(bool, mutex_deadlock_detection, false,
+          "Check every absl::Mutex acquisition (gRPC's included) for lock-order cycles; off by "
+          "default, as in matmul-server, so that the echo baseline and the client pay what the "
+          "server pays.");
 ABSL_FLAG(std::vector<std::string>, grpc_arg, {},
           "Extra gRPC channel arguments, name=value, comma separated, for every channel this "
           "tool opens and for serve-echo (e.g. grpc.http2.max_frame_size=1048576).");
@@ -871,6 +875,9 @@ int main(int argc, char** argv) {
       "matmul-bench <serve-echo|run|open|chain> [flags]: load generator for matmul-server "
       "(closed-loop sweep, open-loop Poisson) with a gRPC echo baseline.");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  absl::SetMutexDeadlockDetectionMode(absl::GetFlag(FLAGS_mutex_deadlock_detection)
+                                          ? absl::OnDeadlockCycle::kAbort
+                                          : absl::OnDeadlockCycle::kIgnore);
   if (args.size() != 2) {
     std::fprintf(stderr, "matmul-bench: expected one command: serve-echo, run, open or chain\n");
     return 2;
