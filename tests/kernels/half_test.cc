@@ -185,5 +185,46 @@ TEST(BFloat16Test, BulkConversionsMatchScalarOnEveryBitPattern) {
   }
 }
 
+TEST(HalfTest, BulkConversionsMatchScalarOnEveryBitPattern) {
+  std::vector<uint16_t> all(0x10000);
+  for (uint32_t h = 0; h < 0x10000; ++h) all[h] = static_cast<uint16_t>(h);
+  std::vector<float> widened(all.size());
+  HalfToFloat(all.data(), widened.data(), all.size());
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float scalar = HalfToFloat(all[h]);
+    ASSERT_EQ(std::memcmp(&widened[h], &scalar, 4), 0) << std::hex << h;
+  }
+
+  // Random bit patterns, and as many again drawn around float16's range
+  // (subnormals, normals, the overflow edge), with NaNs, infinities and ties.
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_int_distribution<uint32_t> bits;
+  std::uniform_real_distribution<float> exponent(-30.0f, 17.0f);
+  std::vector<float> in(8197);
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (i % 2 == 0) {
+      const uint32_t u = bits(rng);
+      std::memcpy(&in[i], &u, 4);
+    } else {
+      in[i] = std::exp2(exponent(rng)) * (bits(rng) % 2 ? 1.0f : -1.0f);
+    }
+  }
+  const uint32_t specials[] = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7f800000u, 0xff800000u,
+                               0x477fe000u, 0x477ff000u, 0x477fefffu, 0x33800000u, 0x33000000u,
+                               0x38800000u, 0x387fffffu, 0x00000001u, 0x80000000u, 0x3f801000u};
+  for (size_t i = 0; i < std::size(specials); ++i) std::memcpy(&in[5 * i + 2], &specials[i], 4);
+  for (size_t offset : {size_t{0}, size_t{3}}) {
+    for (size_t n : {size_t{0}, size_t{7}, size_t{16}, size_t{31}, in.size() - offset}) {
+      std::vector<uint16_t> narrowed(n + 1, 0xabcd);
+      FloatToHalf(in.data() + offset, narrowed.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(narrowed[i], FloatToHalf(in[offset + i]))
+            << "offset " << offset << " i " << i << " value " << in[offset + i];
+      }
+      EXPECT_EQ(narrowed[n], 0xabcd) << "wrote past n = " << n;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace matmul
