@@ -57,7 +57,9 @@ inline float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1f) return FromBits(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0x1f) {  // Inf, or NaN made quiet (as F16C's conversion does).
+    return FromBits(sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u));
+  }
   if (exp == 0) {
     const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;  // 2^-24
     return sign ? -v : v;
