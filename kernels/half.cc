@@ -1,6 +1,7 @@
 #include "kernels/half.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define MATMUL_HALF_F16C 1
 #endif
@@ -29,8 +30,21 @@ constexpr size_t kBlock = 16;
 #ifdef MATMUL_HALF_F16C
 namespace {
 
+// F16C and AVX (for the 256-bit registers), and the OS saving those
+// registers; read with cpuid and xgetbv, which GCC and clang both take
+// (clang 14's __builtin_cpu_supports has no "f16c").
+bool CpuHasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  const bool f16c = (ecx >> 29) & 1u, avx = (ecx >> 28) & 1u, osxsave = (ecx >> 27) & 1u;
+  if (!f16c || !avx || !osxsave) return false;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  asm volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  return (xcr0_lo & 0x6u) == 0x6u;  // SSE and AVX state enabled.
+}
+
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  static const bool has = CpuHasF16c();
   return has;
 }
 
