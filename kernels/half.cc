@@ -8,23 +8,11 @@
 
 namespace matmul {
 
-namespace {
-
-// The bfloat16 loops go in blocks of kBlock elements with a fixed trip
-// count and no branches, which GCC's SLP vectorizer turns into SSE2 code at
-// -O2; the plain element loops stayed scalar, one element a cycle (11% of a
-// CPU server's time on small bfloat16 requests; half-bench, 2^20 elements:
-// narrowing 1.1-1.3 -> 0.5-0.6 ms, widening 0.67 -> 0.16 ms). The tails
-// reuse the scalar functions in half.h, and both give the same bits.
-constexpr size_t kBlock = 16;
-
-}  // namespace
-
 // float16: where the CPU has F16C (x86-64 since 2012), its conversion
 // instructions, 8 elements at a time, rounding to nearest even; they give
 // the same bits as the scalar functions (half_test checks every pattern).
-// Elsewhere plain element loops: blocks in the style of the bfloat16 ones
-// below, every case computed and picked by masks, measured slower here on
+// Elsewhere plain element loops: blocks like the bfloat16 ones below, with
+// every case computed and picked by masks, measured slower here on
 // normal values (1.6 against 1.35 ms per 2^20 floats narrowed), where the
 // scalar code's branches always predict.
 #ifdef MATMUL_HALF_F16C
@@ -85,31 +73,30 @@ void FloatToHalf(const float* in, uint16_t* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = FloatToHalf(in[i]);
 }
 
+// bfloat16: blocks of kBlock calls of the (branch-free) scalar functions
+// with a fixed trip count, which GCC's SLP vectorizer turns into SSE2 code
+// at -O2; the plain element loops stayed scalar, one element a cycle (11%
+// of a CPU server's time on small bfloat16 requests; half-bench, 2^20
+// elements: narrowing 1.1-1.3 -> 0.5-0.6 ms, widening 0.67 -> 0.16 ms).
+namespace {
+constexpr size_t kBlock = 16;
+}  // namespace
+
 void BFloat16ToFloat(const uint16_t* in, float* out, size_t n) {
   size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    uint32_t bits[kBlock];
-    for (size_t j = 0; j < kBlock; ++j) bits[j] = static_cast<uint32_t>(in[i + j]) << 16;
-    std::memcpy(out + i, bits, sizeof(bits));
+    float block[kBlock];
+    for (size_t j = 0; j < kBlock; ++j) block[j] = BFloat16ToFloat(in[i + j]);
+    std::memcpy(out + i, block, sizeof(block));
   }
   for (; i < n; ++i) out[i] = BFloat16ToFloat(in[i]);
 }
 void FloatToBFloat16(const float* in, uint16_t* out, size_t n) {
   size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    uint32_t bits[kBlock];
-    std::memcpy(bits, in + i, sizeof(bits));
-    uint16_t narrowed[kBlock];
-    for (size_t j = 0; j < kBlock; ++j) {
-      // As FloatToBFloat16(float), without the branch: NaN keeps its top
-      // bits and is made quiet; everything else rounds to nearest-even.
-      const uint32_t x = bits[j];
-      const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-      const uint32_t quiet_nan = (x >> 16) | 0x40u;
-      const bool nan = static_cast<int32_t>(x & 0x7fffffffu) > 0x7f800000;
-      narrowed[j] = static_cast<uint16_t>(nan ? quiet_nan : rounded);
-    }
-    std::memcpy(out + i, narrowed, sizeof(narrowed));
+    uint16_t block[kBlock];
+    for (size_t j = 0; j < kBlock; ++j) block[j] = FloatToBFloat16(in[i + j]);
+    std::memcpy(out + i, block, sizeof(block));
   }
   for (; i < n; ++i) out[i] = FloatToBFloat16(in[i]);
 }

@@ -67,11 +67,14 @@ inline float HalfToFloat(uint16_t h) {
   return FromBits(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+// Branch-free (a select for NaN), so that the bulk conversion's blocks of
+// calls vectorize.
 inline uint16_t FloatToBFloat16(float f) {
-  uint32_t x = half_internal::Bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
+  const uint32_t x = half_internal::Bits(f);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;  // Nearest even.
+  const uint32_t quiet_nan = (x >> 16) | 0x40u;                     // Top bits, made quiet.
+  const bool nan = static_cast<int32_t>(x & 0x7fffffffu) > 0x7f800000;
+  return static_cast<uint16_t>(nan ? quiet_nan : rounded);
 }
 
 inline float BFloat16ToFloat(uint16_t b) {
