@@ -3,12 +3,15 @@
 //   gemm-bench [--json=FILE] [--quick] [--timing=isolated|back-to-back]
 //              [--only=single|grouped] [--size=LABEL]... [--dtype=NAME]...
 //              [--tile_n=256|128|64] [--cluster=1|2] [--b_stored=kxn|nxk]
+//              [--inline=N]
 //
 // --size picks single-problem rows by label (4096^3) and grouped batches by
 // their problem count (256, 1024, 64); a label MxNxK not in the table (such
 // as 4096x4096x1024) adds that single problem; --dtype picks bfloat16, float16,
 // tf32 or float32 rows. --b_stored=nxk stores the single problems' B as
-// n x k (K-major) instead of k x n.
+// n x k (K-major) instead of k x n. --inline=N sends batches of at most N
+// problems in the launch's parameters (0: always through a table in device
+// memory; default: the launcher's limit).
 //
 // Timing: CUDA events around each run, after warm-up; the median of many
 // runs; inputs rotated over several buffer sets (more than twice the L2) so
@@ -144,6 +147,8 @@ Timing g_timing = Timing::kIsolated;
 int g_tile_n = 0;
 // CTAs per cluster for our rows (0: the launcher's choice).
 int g_cluster = 0;
+// GroupedGemmOptions::hopper_inline_problems (--inline).
+int g_inline = -1;
 // Single-problem rows with B stored n x k instead of k x n (--b_stored=nxk).
 bool g_b_nxk = false;
 constexpr int kBatch = 8;
@@ -239,6 +244,7 @@ class Bench {
       o.cublas_min_flops = 0;  // Exact float32: time our SIMT kernel, not cuBLAS.
       o.hopper_tile_n = g_tile_n;
       o.hopper_cluster = g_cluster;
+      o.hopper_inline_problems = g_inline;
       const double ms = TimeMedianMs(stream_, static_cast<int>(buffers->sets.size()), reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
       });
@@ -310,6 +316,7 @@ class Bench {
       o.family = family;
       o.hopper_tile_n = g_tile_n;
       o.hopper_cluster = g_cluster;
+      o.hopper_inline_problems = g_inline;
       LaunchReport report;
       const double ms = TimeMedianMs(stream_, sets, reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_, &report));
@@ -426,6 +433,7 @@ int Main(int argc, char** argv) {
     else if (a == "--timing=back-to-back") g_timing = Timing::kBackToBack;
     else if (a.rfind("--tile_n=", 0) == 0) g_tile_n = std::atoi(a.c_str() + 9);
     else if (a.rfind("--cluster=", 0) == 0) g_cluster = std::atoi(a.c_str() + 10);
+    else if (a.rfind("--inline=", 0) == 0) g_inline = std::atoi(a.c_str() + 9);
     else if (a == "--b_stored=nxk") g_b_nxk = true;
     else if (a == "--b_stored=kxn") g_b_nxk = false;
     else {

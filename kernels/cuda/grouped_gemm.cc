@@ -54,6 +54,46 @@ size_t Tf32TransposeBytes(const DeviceGemmProblem& p) {
   return bytes;
 }
 
+using Encoder = PFN_cuTensorMapEncodeTiled_v12000;
+
+// The driver's cuTensorMapEncodeTiled, or null where the driver lacks it.
+Encoder TensorMapEncoder() {
+  static const Encoder encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult result;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &result) != cudaSuccess ||
+        result != cudaDriverEntryPointSuccess) {
+      fn = nullptr;
+    }
+    return reinterpret_cast<Encoder>(fn);
+  }();
+  return encode;
+}
+
+bool MapType(DType t, CUtensorMapDataType* out) {
+  switch (t) {
+    case DType::kBFloat16: *out = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16; return true;
+    case DType::kFloat16: *out = CU_TENSOR_MAP_DATA_TYPE_FLOAT16; return true;
+    case DType::kFloat32: *out = CU_TENSOR_MAP_DATA_TYPE_FLOAT32; return true;
+    default: return false;
+  }
+}
+
+// A 2-D map of the kernel's kind (128-byte swizzle, 256-byte L2 promotion,
+// zero fill): extents {dim0 (innermost), dim1}, `stride` bytes between
+// dim-1 rows, boxes of box0 x box1 elements.
+CUresult Encode2d(Encoder encode, CUtensorMap* map, CUtensorMapDataType type, const void* base,
+                  uint64_t dim0, uint64_t dim1, uint64_t stride, uint32_t box0, uint32_t box1) {
+  const cuuint64_t dims[2] = {dim0, dim1};
+  const cuuint64_t strides[1] = {stride};
+  const cuuint32_t box[2] = {box0, box1};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return encode(map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
 }  // namespace
 
 std::string CudaErrorString(cudaError_t error) {
@@ -77,8 +117,12 @@ struct GroupedGemmLauncher::Impl {
     int next = 0;
   };
   std::map<cudaStream_t, Staging> staging;
+  // Per stream: the tile counter pair of launches whose batch goes in the
+  // parameters (zeroed once; each launch's grid sets it back to zero).
+  std::map<cudaStream_t, unsigned int*> counters;
 
   ~Impl() {
+    for (auto& [stream, c] : counters) cudaFree(c);
     for (auto& [stream, handle] : cublas) cublasDestroy(handle);
     for (auto& [stream, s] : staging) {
       for (int i = 0; i < 2; ++i) {
@@ -138,6 +182,24 @@ struct GroupedGemmLauncher::Impl {
         cudaMemcpyAsync(device, staged.host, staged.bytes, cudaMemcpyHostToDevice, stream);
     if (e != cudaSuccess) return e;
     return cudaEventRecord(staged.staging->done[staged.index], stream);
+  }
+
+  // `stream`'s self-resetting tile counters (allocated and zeroed on the
+  // stream the first time).
+  absl::StatusOr<unsigned int*> Counters(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = counters.find(stream);
+    if (it != counters.end()) return it->second;
+    unsigned int* c = nullptr;
+    cudaError_t e = cudaMalloc(&c, 2 * sizeof(unsigned int));
+    if (e != cudaSuccess) return Error("allocating tile counters", e);
+    e = cudaMemsetAsync(c, 0, 2 * sizeof(unsigned int), stream);
+    if (e != cudaSuccess) {
+      cudaFree(c);
+      return Error("zeroing tile counters", e);
+    }
+    counters.emplace(stream, c);
+    return c;
   }
 
   static absl::Status Error(absl::string_view what, cudaError_t e) {
@@ -204,35 +266,15 @@ absl::StatusOr<std::unique_ptr<GroupedGemmLauncher>> GroupedGemmLauncher::Create
 }
 
 cudaError_t EncodeHopperTemplates(DType input, int tile_n, void* scratch, HopperTemplates* out) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult result;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &result) != cudaSuccess ||
-        result != cudaDriverEntryPointSuccess) {
-      fn = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const Encoder encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   CUtensorMapDataType type;
-  switch (input) {
-    case DType::kBFloat16: type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16; break;
-    case DType::kFloat16: type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16; break;
-    case DType::kFloat32: type = CU_TENSOR_MAP_DATA_TYPE_FLOAT32; break;
-    default: return cudaErrorInvalidValue;
-  }
+  if (!MapType(input, &type)) return cudaErrorInvalidValue;
   const uint32_t row = 128 / static_cast<uint32_t>(ElementSize(input));  // BK
+  // Placeholder extents: one 128-byte row wide, 256 rows; patched on device.
   auto make_typed = [&](CUtensorMap* map, CUtensorMapDataType element, uint32_t width,
                         uint32_t box0, uint32_t box1) {
-    // Placeholder extents: one 128-byte row wide, 256 rows; patched on device.
-    const cuuint64_t dims[2] = {width, 256};
-    const cuuint64_t strides[1] = {128};
-    const cuuint32_t box[2] = {box0, box1};
-    const cuuint32_t elem_strides[2] = {1, 1};
-    return encode(map, element, 2, scratch, dims, strides, box, elem_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return Encode2d(encode, map, element, scratch, width, 256, 128, box0, box1);
   };
   auto make = [&](CUtensorMap* map, uint32_t box0, uint32_t box1) {
     return make_typed(map, type, row, box0, box1);
@@ -249,6 +291,38 @@ cudaError_t EncodeHopperTemplates(DType input, int tile_n, void* scratch, Hopper
       make(&out->b_kmajor_half, row, static_cast<uint32_t>(tile_n / 2)) != CUDA_SUCCESS ||
       make(&out->b_mnmajor, row, row) != CUDA_SUCCESS) {
     return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t EncodeHopperMaps(DType input, DType output, int tile_n, int cluster,
+                             const DeviceGemmProblem& p, CUtensorMap maps[3]) {
+  const Encoder encode = TensorMapEncoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  CUtensorMapDataType type, out_type;
+  if (!MapType(input, &type) || !MapType(output, &out_type)) return cudaErrorInvalidValue;
+  // The same boxes as the templates, with the problem's address, extents
+  // (innermost first) and row stride, as the kernel's own patching sets.
+  const uint64_t size = ElementSize(input);
+  const uint32_t row = 128 / static_cast<uint32_t>(size);
+  const uint32_t b_rows = static_cast<uint32_t>(cluster > 1 ? tile_n / 2 : tile_n);
+  const CUresult a =
+      p.transpose_a  // Stored k x m, or m x k.
+          ? Encode2d(encode, &maps[0], type, p.a, p.m, p.k, p.lda * size, row, row)
+          : Encode2d(encode, &maps[0], type, p.a, p.k, p.m, p.lda * size, row, kHopperTileM);
+  const CUresult b =
+      p.transpose_b  // Stored n x k, or k x n.
+          ? Encode2d(encode, &maps[1], type, p.b, p.k, p.n, p.ldb * size, row, b_rows)
+          : Encode2d(encode, &maps[1], type, p.b, p.n, p.k, p.ldb * size, row, row);
+  if (a != CUDA_SUCCESS || b != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  const uint64_t out_size = ElementSize(output);
+  if (reinterpret_cast<uintptr_t>(p.d) % 16 == 0 && (p.ldd * out_size) % 16 == 0) {
+    // Boxes of 128 bytes of a row by 64 rows.
+    const uint32_t box0 = 128 / static_cast<uint32_t>(out_size);
+    if (Encode2d(encode, &maps[2], out_type, p.d, p.n, p.m, p.ldd * out_size, box0, 64) !=
+        CUDA_SUCCESS) {
+      return cudaErrorInvalidValue;
+    }
   }
   return cudaSuccess;
 }
@@ -526,56 +600,88 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     int64_t total = 0;
     for (const auto& p : hopper) total += units_of(p);
     if (total > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
-    // Table, offsets, zeroed flags and tile owners, built in pinned staging
-    // and sent in one copy. The tensor-map slots after them are overwritten
-    // by the kernel; they are zeroed first only so that compute-sanitizer's
-    // initcheck, which models the kernel's tensormap publish as a read of
-    // the destination, does not report a read of uninitialised memory. For
-    // small batches the zeroed slots ride along in the same copy (a few KiB
-    // over PCIe cost less than another operation on the stream); for large
-    // ones (384 bytes a problem) they are zeroed on the device.
-    const size_t maps_bytes = hopper.size() * 3 * sizeof(CUtensorMap);
-    const bool maps_in_copy = maps_bytes <= kMapsInCopyBytes;
-    const size_t table_bytes =
-        layout.hopper_maps - layout.hopper_table + (maps_in_copy ? maps_bytes : 0);
-    absl::StatusOr<Impl::Staged> staged = impl_->Stage(stream, table_bytes);
-    if (!staged.ok()) return staged.status();
-    uint8_t* host = staged->host;
-    std::memcpy(host, hopper.data(), hopper.size() * sizeof(DeviceGemmProblem));
-    auto* offsets = reinterpret_cast<int32_t*>(host + layout.hopper_offsets - layout.hopper_table);
-    int32_t at = 0;
-    for (size_t i = 0; i < hopper.size(); ++i) {
-      offsets[i] = at;
-      at += static_cast<int32_t>(units_of(hopper[i]));
+    HopperLaunch l;
+    // Small batches: everything in the launch's parameters.
+    const int inline_limit = options.hopper_inline_problems < 0
+                                 ? kHopperInlineProblems
+                                 : std::min(options.hopper_inline_problems, kHopperInlineProblems);
+    HopperInlineBatch inline_batch;
+    bool use_inline = static_cast<int>(hopper.size()) <= inline_limit;
+    if (use_inline) {
+      int32_t at = 0;
+      for (size_t i = 0; i < hopper.size() && use_inline; ++i) {
+        inline_batch.problems[i] = hopper[i];
+        inline_batch.tile_offsets[i] = at;
+        const int64_t units = units_of(hopper[i]);
+        at += static_cast<int32_t>(units);
+        // A map TMA cannot describe sends the batch the table's way, where
+        // the kernel patches its maps.
+        use_inline = units == 0 || EncodeHopperMaps(options.input, options.output, tile_n,
+                                                    cluster, hopper[i],
+                                                    inline_batch.maps[i]) == cudaSuccess;
+      }
+      inline_batch.tile_offsets[hopper.size()] = at;
+      inline_batch.count = static_cast<int>(hopper.size());
     }
-    offsets[hopper.size()] = at;
-    auto* tile_problem =
-        reinterpret_cast<int32_t*>(host + layout.hopper_tile_problem - layout.hopper_table);
-    for (size_t i = 0; i < hopper.size(); ++i) {
-      std::fill(tile_problem + offsets[i], tile_problem + offsets[i + 1], static_cast<int32_t>(i));
-    }
-    if (auto s = check(Impl::Send(*staged, ws + layout.hopper_table, stream)); !s.ok()) {
-      return s;
-    }
-    if (!maps_in_copy) {
-      if (auto s = check(cudaMemsetAsync(ws + layout.hopper_maps, 0, maps_bytes, stream));
-          !s.ok()) {
+    if (use_inline) {
+      absl::StatusOr<unsigned int*> counters = impl_->Counters(stream);
+      if (!counters.ok()) return counters.status();
+      l.inline_batch = &inline_batch;
+      l.tile_counter = *counters;
+    } else {
+      // Table, offsets, zeroed flags and tile owners, built in pinned
+      // staging and sent in one copy. The tensor-map slots after them are
+      // overwritten by the kernel; they are zeroed first only so that
+      // compute-sanitizer's initcheck, which models the kernel's tensormap
+      // publish as a read of the destination, does not report a read of
+      // uninitialised memory. For small batches the zeroed slots ride along
+      // in the same copy (a few KiB over PCIe cost less than another
+      // operation on the stream); for large ones (384 bytes a problem) they
+      // are zeroed on the device.
+      const size_t maps_bytes = hopper.size() * 3 * sizeof(CUtensorMap);
+      const bool maps_in_copy = maps_bytes <= kMapsInCopyBytes;
+      const size_t table_bytes =
+          layout.hopper_maps - layout.hopper_table + (maps_in_copy ? maps_bytes : 0);
+      absl::StatusOr<Impl::Staged> staged = impl_->Stage(stream, table_bytes);
+      if (!staged.ok()) return staged.status();
+      uint8_t* host = staged->host;
+      std::memcpy(host, hopper.data(), hopper.size() * sizeof(DeviceGemmProblem));
+      auto* offsets =
+          reinterpret_cast<int32_t*>(host + layout.hopper_offsets - layout.hopper_table);
+      int32_t at = 0;
+      for (size_t i = 0; i < hopper.size(); ++i) {
+        offsets[i] = at;
+        at += static_cast<int32_t>(units_of(hopper[i]));
+      }
+      offsets[hopper.size()] = at;
+      auto* tile_problem =
+          reinterpret_cast<int32_t*>(host + layout.hopper_tile_problem - layout.hopper_table);
+      for (size_t i = 0; i < hopper.size(); ++i) {
+        std::fill(tile_problem + offsets[i], tile_problem + offsets[i + 1],
+                  static_cast<int32_t>(i));
+      }
+      if (auto s = check(Impl::Send(*staged, ws + layout.hopper_table, stream)); !s.ok()) {
         return s;
       }
+      if (!maps_in_copy) {
+        if (auto s = check(cudaMemsetAsync(ws + layout.hopper_maps, 0, maps_bytes, stream));
+            !s.ok()) {
+          return s;
+        }
+      }
+      l.problems = reinterpret_cast<const DeviceGemmProblem*>(ws + layout.hopper_table);
+      l.tile_offsets = reinterpret_cast<const int32_t*>(ws + layout.hopper_offsets);
+      l.tile_problem = reinterpret_cast<const int32_t*>(ws + layout.hopper_tile_problem);
+      l.maps = reinterpret_cast<CUtensorMap*>(ws + layout.hopper_maps);
+      l.map_flags = reinterpret_cast<unsigned long long*>(ws + layout.hopper_flags);
+      l.tile_counter = reinterpret_cast<unsigned int*>(l.map_flags + hopper.size());
+      l.epoch = 1;  // Flags were zeroed by the copy above.
     }
-    HopperLaunch l;
     l.input = options.input;
     l.output = options.output;
     l.tile_n = tile_n;
-    l.problems = reinterpret_cast<const DeviceGemmProblem*>(ws + layout.hopper_table);
-    l.tile_offsets = reinterpret_cast<const int32_t*>(ws + layout.hopper_offsets);
-    l.tile_problem = reinterpret_cast<const int32_t*>(ws + layout.hopper_tile_problem);
     l.num_problems = static_cast<int>(hopper.size());
     l.total_tiles = static_cast<int>(total);
-    l.maps = reinterpret_cast<CUtensorMap*>(ws + layout.hopper_maps);
-    l.map_flags = reinterpret_cast<unsigned long long*>(ws + layout.hopper_flags);
-    l.tile_counter = reinterpret_cast<unsigned int*>(l.map_flags + hopper.size());
-    l.epoch = 1;  // Flags were zeroed by the copy above.
     l.cluster = cluster;
     l.grid = options.family == KernelFamily::kNonPersistent
                  ? static_cast<int>(total) * cluster
@@ -588,6 +694,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     r.hopper_problems = static_cast<int>(hopper.size());
     r.hopper_tile = absl::StrCat(kHopperTileM, "x", tile_n, cluster == 2 ? " x2 cluster" : "");
     r.hopper_grid = l.grid;
+    r.hopper_inline = use_inline;
   }
 
   // ---- SIMT problems ------------------------------------------------------------

@@ -67,6 +67,11 @@ struct GroupedGemmOptions {
   // tiles that share B through TMA multicast (static tile order), 1 never
   // does, 0 lets the launcher choose (at present: 1, the faster on the H200).
   int hopper_cluster = 0;
+  // Batches of at most this many Hopper problems carry their problem table
+  // and tensor maps (encoded on the host) in the launch's parameters instead
+  // of a table copied to the workspace first; -1 means the most the kernel
+  // takes (kHopperInlineProblems), 0 never. For benchmarks and tests.
+  int hopper_inline_problems = -1;
 };
 
 // What ran, for benchmarks and tests.
@@ -82,6 +87,8 @@ struct LaunchReport {
   std::string hopper_tile;
   // CTAs of the Hopper launch (with clusters, twice the clusters that fit).
   int hopper_grid = 0;
+  // True when the Hopper batch went in the launch's parameters.
+  bool hopper_inline = false;
 };
 
 class GroupedGemmLauncher {

@@ -306,6 +306,10 @@ __device__ __forceinline__ void Mma(float (&acc)[BN / 2], uint64_t da, uint64_t 
 
 struct Params {
   HopperTemplates templates;
+  // Small batches (count > 0): the problems, tile offsets and host-encoded
+  // maps themselves; the table pointers, maps, flags and epoch below are
+  // then unused, and the tile counters are reset by the grid's last CTA.
+  HopperInlineBatch inl;
   const DeviceGemmProblem* problems;
   const int32_t* tile_offsets;
   const int32_t* tile_problem;
@@ -313,7 +317,8 @@ struct Params {
   int total_tiles;
   CUtensorMap* maps;
   unsigned long long* map_flags;
-  // Tiles handed out after each CTA's first (zero at launch).
+  // Tiles handed out after each CTA's first (zero at launch); with an
+  // inline batch, followed by a count of the CTAs done claiming.
   unsigned int* tile_counter;
   unsigned long long epoch;
   DType output;
@@ -322,6 +327,21 @@ struct Params {
   int group_rows;  // Tile-rows per rasterization group (diagnostic builds only).
 #endif
 };
+
+static_assert(sizeof(Params) <= 32764, "over the kernel parameter limit");
+
+__device__ __forceinline__ bool Inline(const Params& p) { return p.inl.count > 0; }
+
+// Problem `prob` of the batch, from the parameters or the table.
+__device__ __forceinline__ const DeviceGemmProblem& Problem(const Params& p, int prob) {
+  return Inline(p) ? p.inl.problems[prob] : p.problems[prob];
+}
+
+// Problem `prob`'s map of A (0), B (1) or D (2): encoded on the host with an
+// inline batch, else built by a scheduler warp into the workspace.
+__device__ __forceinline__ const CUtensorMap* Map(const Params& p, int prob, int which) {
+  return Inline(p) ? &p.inl.maps[prob][which] : p.maps + 3 * prob + which;
+}
 
 // Diagnostic builds (MATMUL_HOPPER_DIAG defined: gemm-bench-diag, never the
 // engine) leave one stage of the work out, chosen at run time by the
@@ -439,9 +459,17 @@ struct TileCoord {
 // the unit's row (this CTA's tile row is tile_m * kCluster + its rank).
 template <int BN, int kCluster>
 __device__ __forceinline__ TileCoord Locate(const Params& p, int tile) {
-  const int prob = __ldg(&p.tile_problem[tile]);
-  const DeviceGemmProblem& pr = p.problems[prob];
-  const int local = tile - __ldg(&p.tile_offsets[prob]);
+  int prob = 0;
+  int first;  // The problem's first tile.
+  if (Inline(p)) {
+    while (prob + 1 < p.inl.count && tile >= p.inl.tile_offsets[prob + 1]) ++prob;
+    first = p.inl.tile_offsets[prob];
+  } else {
+    prob = __ldg(&p.tile_problem[tile]);
+    first = __ldg(&p.tile_offsets[prob]);
+  }
+  const DeviceGemmProblem& pr = Problem(p, prob);
+  const int local = tile - first;
   const int tiles_m = static_cast<int>((pr.m + kCluster * kBM - 1) / (kCluster * kBM));
   const int tiles_n = static_cast<int>((pr.n + BN - 1) / BN);
   const int group_rows = GroupRows(p);
@@ -463,11 +491,6 @@ __device__ __forceinline__ int OutputSize(DType output) {
 __device__ __forceinline__ bool StoresByTma(const Params& p, const DeviceGemmProblem& pr) {
   return pr.beta == 0.0 && reinterpret_cast<uintptr_t>(pr.d) % 16 == 0 &&
          (pr.ldd * OutputSize(p.output)) % 16 == 0 && !Diag(p, kDiagDirectStores);
-}
-
-// Problem `prob`'s D map (built with its A and B maps when StoresByTma).
-__device__ __forceinline__ const CUtensorMap* MapD(const Params& p, int prob) {
-  return p.maps + 3 * prob + 2;
 }
 
 // Scheduler warp: makes sure problem `prob`'s tensor maps are built and
@@ -625,12 +648,22 @@ __device__ void Schedule(const Params& p, const Smem<BN>& sm) {
       if (lane == 0) {
         sm.info[slot].tile = -1;
         MbarArrive(&sm.info_full[slot]);
+        if (kCluster == 1 && dynamic && Inline(p)) {
+          // This CTA's claims are over. The last CTA to get here sets the
+          // counters back to zero for the next launch on the stream (each
+          // CTA's last claim comes before its count, in every CTA's order).
+          __threadfence();
+          if (atomicAdd(p.tile_counter + 1, 1u) == gridDim.x - 1) {
+            atomicExch(p.tile_counter, 0u);
+            atomicExch(p.tile_counter + 1, 0u);
+          }
+        }
       }
       break;
     }
     const TileCoord t = Locate<BN, kCluster>(p, tile);
-    const DeviceGemmProblem& pr = p.problems[t.problem];
-    if (t.problem != built) {
+    const DeviceGemmProblem& pr = Problem(p, t.problem);
+    if (!Inline(p) && t.problem != built) {
       BuildMaps<T, kCluster>(p, t.problem, sm.scratch);
       built = t.problem;
     }
@@ -680,11 +713,13 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
     MbarArrive(&sm.info_empty[slot]);
     if (ti.tile < 0) break;
     if (ti.problem != current) {
-      // Built and flagged before the scheduler handed the tile over.
-      map_a = p.maps + 3 * ti.problem;
-      map_b = map_a + 1;
-      AcquireMap(map_a);
-      AcquireMap(map_b);
+      map_a = Map(p, ti.problem, 0);
+      map_b = Map(p, ti.problem, 1);
+      if (!Inline(p)) {
+        // Built and flagged before the scheduler handed the tile over.
+        AcquireMap(map_a);
+        AcquireMap(map_b);
+      }
       PrefetchMap(map_a);
       PrefetchMap(map_b);
       current = ti.problem;
@@ -948,8 +983,8 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
     const int row0 = ti.m0 + wg * 64;
     const int col0 = ti.n0;
     if (ti.flags & kInfoTmaStore) {
-      const CUtensorMap* map_d = MapD(p, ti.problem);
-      if ((threadIdx.x & 127) == 0 && acquired_d != ti.problem) {
+      const CUtensorMap* map_d = Map(p, ti.problem, 2);
+      if ((threadIdx.x & 127) == 0 && acquired_d != ti.problem && !Inline(p)) {
         // Built by a scheduler (this CTA's or another's) and seen through
         // the map flag before the tile was handed over.
         AcquireMap(map_d);
@@ -969,7 +1004,7 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
       }
       continue;
     }
-    const DeviceGemmProblem& pr = p.problems[ti.problem];
+    const DeviceGemmProblem& pr = Problem(p, ti.problem);
     switch (p.output) {
       case DType::kFloat32: Epilogue<float, BN>(pr, acc, row0, col0); break;
       case DType::kBFloat16: Epilogue<__nv_bfloat16, BN>(pr, acc, row0, col0); break;
@@ -1056,6 +1091,11 @@ cudaError_t Launch(const HopperLaunch& l) {
   auto kernel = HopperGroupedGemm<T, BN, kCluster>;
   Params p;
   p.templates = *l.templates;
+  if (l.inline_batch != nullptr) {
+    p.inl = *l.inline_batch;
+  } else {
+    p.inl.count = 0;
+  }
   p.problems = l.problems;
   p.tile_offsets = l.tile_offsets;
   p.tile_problem = l.tile_problem;

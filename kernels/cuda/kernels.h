@@ -43,6 +43,30 @@ inline constexpr int kHopperSmallN = 64;
 // 16-byte-aligned device address, only used as a placeholder).
 cudaError_t EncodeHopperTemplates(DType input, int tile_n, void* scratch, HopperTemplates* out);
 
+// Batches of at most this many Hopper problems travel inside the launch's
+// parameters: the problem table, the tile offsets and tensor maps encoded on
+// the host, so the launch needs no table copy before it and its CTAs read no
+// table and build no maps before their first loads. Measured on the H200
+// (docs/BENCHMARKS.md): a 1024^3 launch cost 10 us more launch to launch
+// than its kernel, most of it the table copy on the stream.
+inline constexpr int kHopperInlineProblems = 16;
+
+struct HopperInlineBatch {
+  int count = 0;  // Problems; 0 means the batch is in device memory.
+  // Tiles (units) before each problem; tile_offsets[count] is the total.
+  int32_t tile_offsets[kHopperInlineProblems + 1] = {};
+  DeviceGemmProblem problems[kHopperInlineProblems];
+  // A, B and D maps per problem (D only where the epilogue stores by TMA).
+  CUtensorMap maps[kHopperInlineProblems][3] = {};
+};
+
+// Encodes problem `p`'s A and B tensor maps for tiles of width `tile_n` in
+// clusters of `cluster` CTAs, and its D map for `output` where D is 16-byte
+// aligned with rows 16 bytes apart (maps[2] is left alone elsewhere). Host
+// only; needs no CUDA context.
+cudaError_t EncodeHopperMaps(DType input, DType output, int tile_n, int cluster,
+                             const DeviceGemmProblem& p, CUtensorMap maps[3]);
+
 struct HopperLaunch {
   DType input = DType::kBFloat16;  // kFloat32 means TF32
   DType output = DType::kBFloat16;
@@ -71,6 +95,12 @@ struct HopperLaunch {
   // B through TMA multicast.
   int cluster = 1;
   const HopperTemplates* templates = nullptr;
+  // When set, the batch itself (problems, tile offsets, maps): `problems`,
+  // `tile_offsets`, `tile_problem`, `maps`, `map_flags` and `epoch` are then
+  // unused, and `tile_counter` points at two counters that are zero before
+  // the launch and that the grid sets back to zero when it is done, so that
+  // consecutive launches on one stream reuse them with nothing in between.
+  const HopperInlineBatch* inline_batch = nullptr;
   cudaStream_t stream = nullptr;
 };
 

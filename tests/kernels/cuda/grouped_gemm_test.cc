@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_engine.h"
+#include "kernels/cuda/kernels.h"
 #include "tests/kernels/cuda/gpu_test_util.h"
 
 namespace matmul::cuda {
@@ -50,6 +51,7 @@ class GroupedGemmTest : public ::testing::Test {
     o.family = family;
     o.hopper_tile_n = tile_n_;
     o.hopper_cluster = cluster_;
+    o.hopper_inline_problems = inline_;
     LaunchReport report;
     Run(batch, o, &report);
     const double bound = ErrorBound(in, out, precision);
@@ -81,6 +83,9 @@ class GroupedGemmTest : public ::testing::Test {
   int tile_n_ = 0;
   // CTAs per cluster RunAndCheck asks for (0: the launcher's choice).
   int cluster_ = 0;
+  // Largest batch RunAndCheck lets go in the launch parameters (-1: the
+  // launcher's limit).
+  int inline_ = -1;
   std::unique_ptr<GroupedGemmLauncher> launcher_;
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;
@@ -231,6 +236,87 @@ TEST_F(GroupedGemmTest, EveryTileWidthBothGrids) {
   }
   tile_n_ = 0;
   cluster_ = 0;
+}
+
+// Small batches travel in the launch's parameters (problems, tile offsets
+// and tensor maps encoded on the host); the same batches through the table
+// in device memory, every tile width, both grids, odd shapes, transposes,
+// alpha and beta; a batch one over the limit always takes the table.
+TEST_F(GroupedGemmTest, BatchesInTheLaunchParameters) {
+  // Every dimension a multiple of 8, so that every layout is 16-byte aligned
+  // and the whole batch goes to the Hopper kernel; sizes off the tile grid.
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {8, 8, 8}, {336, 8, 776}, {136, 264, 72}, {704, 904, 40}, {24, 40, 64}, {296, 520, 200}};
+  for (const TypeCase& t : {kTypes[0], kTypes[1], kTypes[2]}) {
+    for (int count : {1, 5, kHopperInlineProblems, kHopperInlineProblems + 1}) {
+      std::vector<HostProblem> batch;
+      for (int i = 0; i < count; ++i) {
+        const auto& s = shapes[i % shapes.size()];
+        const int v = (i / static_cast<int>(shapes.size()) + i) % 4;
+        batch.push_back(MakeHostProblem(s[0], s[1], s[2], t.in, t.out, rng_, v & 1, v & 2,
+                                        v == 3 ? -0.75 : 1.5, v >= 2 ? 0.5 : 0.0));
+      }
+      for (auto [width, cluster] : {std::pair{0, 0}, std::pair{256, 2}, std::pair{128, 1},
+                                    std::pair{64, 1}}) {
+        for (int limit : {-1, 0}) {
+          tile_n_ = width;
+          cluster_ = cluster;
+          inline_ = limit;
+          const KernelFamily family =
+              width == 128 ? KernelFamily::kNonPersistent : KernelFamily::kPersistent;
+          const std::string what = absl::StrCat(DTypeName(t.in), " batch of ", count, " width ",
+                                                width, " cluster ", cluster, " inline ", limit);
+          const LaunchReport report =
+              RunAndCheck(batch, t.in, t.out, t.precision, family, 0, what);
+          if (launcher_->has_hopper_kernels()) {
+            EXPECT_EQ(report.hopper_problems, count) << what;
+            EXPECT_EQ(report.hopper_inline, limit != 0 && count <= kHopperInlineProblems)
+                << what;
+          }
+        }
+      }
+    }
+  }
+  tile_n_ = 0;
+  cluster_ = 0;
+  inline_ = -1;
+}
+
+// Batches in the launch parameters reuse one pair of tile counters per
+// stream, which each grid sets back to zero when it is done: hundreds of
+// such launches in a row (more tiles than SMs, so the counter hands most of
+// them out), with table launches between them, give the same result every
+// time. A counter left non-zero would leave tiles unwritten (poisoned).
+TEST_F(GroupedGemmTest, RepeatedLaunchesInTheParameters) {
+  if (!launcher_->has_hopper_kernels()) GTEST_SKIP() << "no sm_90a GPU: nothing in parameters";
+  const std::vector<HostProblem> host = {
+      MakeHostProblem(1536, 1024, 64, DType::kBFloat16, DType::kBFloat16, rng_),
+      MakeHostProblem(200, 3000, 130, DType::kBFloat16, DType::kBFloat16, rng_, true, true, 0.5)};
+  DeviceBatch batch(host, DType::kBFloat16, DType::kBFloat16);
+  GroupedGemmOptions o;
+  const int widths[] = {64, 128, 0};
+  std::vector<std::vector<uint8_t>> first[3];
+  for (int rep = 0; rep < 300; ++rep) {
+    const int w = rep % 3;
+    o.hopper_tile_n = widths[w];
+    o.hopper_inline_problems = rep % 10 == 9 ? 0 : -1;
+    for (auto& p : batch.problems()) cudaMemset(p.d, 0xff, p.m * p.n * 2);
+    LaunchReport report;
+    Run(batch, o, &report);
+    ASSERT_EQ(report.hopper_inline, rep % 10 != 9);
+    for (size_t i = 0; i < host.size(); ++i) {
+      std::vector<uint8_t> d = batch.Download(i);
+      if (first[w].size() <= i) {
+        EXPECT_LE(CheckAgainstReference(host[i], d, o.input, o.output), 1e-2)
+            << "width " << widths[w] << " problem " << i;
+        first[w].push_back(std::move(d));
+      } else {
+        ASSERT_EQ(d, first[w][i]) << "launch " << rep << " (width " << widths[w]
+                                  << ", inline " << o.hopper_inline_problems << ") problem " << i
+                                  << " differs from the first";
+      }
+    }
+  }
 }
 
 // Pairs of tiles in 2-CTA clusters on large problems: odd tile-row counts
