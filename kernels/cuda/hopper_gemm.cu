@@ -52,7 +52,11 @@
 // The host encodes templates (box, swizzle, element type) once; the first
 // CTA that needs a problem patches a copy with the problem's address, sizes
 // and stride (tensormap.replace), publishes it to global memory and flags
-// it; others wait for the flag. No host work per problem.
+// it; others wait for the flag. No host work per problem. Batches of up to
+// kHopperInlineProblems come instead with their problems and maps (encoded
+// on the host) in the kernel's parameters: nothing is copied before the
+// launch, no map is built, and the tile counters (a pair per stream) are
+// set back to zero by the grid's last CTA.
 //
 // Layouts: A is K-major (stored m x k) or MN-major (stored k x m); B is
 // K-major (stored n x k) or MN-major (stored k x n). All four combinations
