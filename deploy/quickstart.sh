@@ -29,6 +29,8 @@ case "$cmd" in
   serve)
     deploy/install-deps.sh build
     build -DMATMUL_BUILD_TESTS=OFF
+    # Idle OpenBLAS threads sleep at once instead of spinning (as in the images).
+    export OPENBLAS_THREAD_TIMEOUT="${OPENBLAS_THREAD_TIMEOUT:-4}"
     exec "$build_dir/server/matmul-server" "$@"
     ;;
   test)

@@ -243,6 +243,20 @@ void LogStartup(const matmul::server::MatmulServer& server) {
             << " max_batch_bytes=" << c.queue.max_batch_bytes
             << " queue_capacity=" << c.queue.capacity
             << " lanes_per_device=" << c.lanes_per_device;
+  if (server.backend() == "cpu") {
+    // OpenBLAS reads this when it loads, before main(); all we can do here is
+    // say what it is. Its default keeps idle BLAS threads spinning on
+    // sched_yield for 2^28 cycles after every multi-threaded call, which took
+    // ~20% of the server's CPU under small requests (docs/BENCHMARKS.md).
+    const char* timeout = std::getenv("OPENBLAS_THREAD_TIMEOUT");
+    if (timeout != nullptr) {
+      LOG(INFO) << "OpenBLAS: OPENBLAS_THREAD_TIMEOUT=" << timeout;
+    } else {
+      LOG(INFO) << "OpenBLAS: OPENBLAS_THREAD_TIMEOUT unset, idle BLAS threads spin for 2^28 "
+                   "cycles after each call; OPENBLAS_THREAD_TIMEOUT=4 (the container images' "
+                   "setting) makes them sleep at once";
+    }
+  }
   LOG(INFO) << "limits: max_dim=" << c.limits.max_dim
             << " max_request_bytes=" << c.max_request_bytes
             << " max_response_bytes=" << c.limits.max_response_bytes

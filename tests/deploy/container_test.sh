@@ -78,6 +78,7 @@ for _ in $(seq 600); do [[ -s $root/tmp/ports ]] && break; sleep 0.1; done
 [[ -s $root/tmp/ports ]] || { log "FAIL: server did not start"; cat "$build/container_server.log"; exit 1; }
 read -r port metrics_port <"$root/tmp/ports"
 grep -q "backend cpu" "$build/container_server.log" || { log "FAIL: image env MATMUL_BACKEND=cpu not applied"; exit 1; }
+grep -q "OPENBLAS_THREAD_TIMEOUT=4" "$build/container_server.log" || { log "FAIL: image env OPENBLAS_THREAD_TIMEOUT=4 not applied"; exit 1; }
 
 # 5. Call it.
 PYTHONPATH="$build/tests/python" /usr/bin/python3 - "$port" <<'PY'
