@@ -267,7 +267,8 @@ class Bench {
         CHECK_CUDA(cudaStreamSynchronize(stream_));
         r.error = Compare(buffers->sets[0], ref->sets[0], out);
         if (!report.hopper_tile.empty()) {
-          r.tile = absl::StrCat(report.hopper_tile, ", ", report.hopper_grid, " CTAs");
+          r.tile = absl::StrCat(report.hopper_tile, ", ", report.hopper_grid, " CTAs",
+                                report.hopper_inline ? ", in parameters" : "");
         }
       }
       r.ratio = cublas_ms / ms;
@@ -330,7 +331,9 @@ class Bench {
       r.tflops = flops / (ms * 1e-3) / 1e12;
       r.ratio = best_cublas / ms;
       r.error = Compare(buffers->sets[0], ref->sets[0], out);
-      if (!report.hopper_tile.empty()) r.tile = report.hopper_tile;
+      if (!report.hopper_tile.empty()) {
+        r.tile = absl::StrCat(report.hopper_tile, report.hopper_inline ? ", in parameters" : "");
+      }
       rows.push_back(r);
     }
     for (Row& r : rows) Emit(r);
