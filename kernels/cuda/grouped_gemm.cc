@@ -29,6 +29,22 @@ double Flops(const DeviceGemmProblem& p) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Writes the prefix sums of `units(p)` over `problems` to `offsets`
+// (problems.size() + 1 entries) and returns the total: the tile list of a
+// launch. An error when the batch has more tiles than an int32 counts.
+template <typename Units>
+absl::StatusOr<int32_t> WriteTileOffsets(absl::Span<const DeviceGemmProblem> problems,
+                                         Units units, int32_t* offsets) {
+  int64_t at = 0;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    offsets[i] = static_cast<int32_t>(at);
+    at += units(problems[i]);
+    if (at > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
+  }
+  offsets[problems.size()] = static_cast<int32_t>(at);
+  return static_cast<int32_t>(at);
+}
+
 // Which engine runs a problem.
 enum class Path { kHopper, kSimt, kCublas };
 
@@ -597,9 +613,9 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     auto units_of = [&](const DeviceGemmProblem& p) {
       return CeilDiv(CeilDiv(p.m, kHopperTileM), cluster) * CeilDiv(p.n, tile_n);
     };
-    int64_t total = 0;
-    for (const auto& p : hopper) total += units_of(p);
-    if (total > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
+    std::vector<int32_t> offsets(hopper.size() + 1);
+    absl::StatusOr<int32_t> total = WriteTileOffsets(hopper, units_of, offsets.data());
+    if (!total.ok()) return total.status();
     HopperLaunch l;
     // Small batches: everything in the launch's parameters.
     const int inline_limit = options.hopper_inline_problems < 0
@@ -608,19 +624,15 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     HopperInlineBatch inline_batch;
     bool use_inline = static_cast<int>(hopper.size()) <= inline_limit;
     if (use_inline) {
-      int32_t at = 0;
+      std::copy(offsets.begin(), offsets.end(), inline_batch.tile_offsets);
       for (size_t i = 0; i < hopper.size() && use_inline; ++i) {
         inline_batch.problems[i] = hopper[i];
-        inline_batch.tile_offsets[i] = at;
-        const int64_t units = units_of(hopper[i]);
-        at += static_cast<int32_t>(units);
         // A map TMA cannot describe sends the batch the table's way, where
         // the kernel patches its maps.
-        use_inline = units == 0 || EncodeHopperMaps(options.input, options.output, tile_n,
-                                                    cluster, hopper[i],
-                                                    inline_batch.maps[i]) == cudaSuccess;
+        use_inline = offsets[i + 1] == offsets[i] ||
+                     EncodeHopperMaps(options.input, options.output, tile_n, cluster, hopper[i],
+                                      inline_batch.maps[i]) == cudaSuccess;
       }
-      inline_batch.tile_offsets[hopper.size()] = at;
       inline_batch.count = static_cast<int>(hopper.size());
     }
     if (use_inline) {
@@ -646,14 +658,8 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
       if (!staged.ok()) return staged.status();
       uint8_t* host = staged->host;
       std::memcpy(host, hopper.data(), hopper.size() * sizeof(DeviceGemmProblem));
-      auto* offsets =
-          reinterpret_cast<int32_t*>(host + layout.hopper_offsets - layout.hopper_table);
-      int32_t at = 0;
-      for (size_t i = 0; i < hopper.size(); ++i) {
-        offsets[i] = at;
-        at += static_cast<int32_t>(units_of(hopper[i]));
-      }
-      offsets[hopper.size()] = at;
+      std::memcpy(host + layout.hopper_offsets - layout.hopper_table, offsets.data(),
+                  offsets.size() * sizeof(int32_t));
       auto* tile_problem =
           reinterpret_cast<int32_t*>(host + layout.hopper_tile_problem - layout.hopper_table);
       for (size_t i = 0; i < hopper.size(); ++i) {
@@ -681,12 +687,12 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     l.output = options.output;
     l.tile_n = tile_n;
     l.num_problems = static_cast<int>(hopper.size());
-    l.total_tiles = static_cast<int>(total);
+    l.total_tiles = *total;
     l.cluster = cluster;
     l.grid = options.family == KernelFamily::kNonPersistent
-                 ? static_cast<int>(total) * cluster
-                 : (cluster == 2 ? 2 * static_cast<int>(std::min<int64_t>(total, max_clusters_))
-                                 : static_cast<int>(std::min<int64_t>(total, num_sms_)));
+                 ? *total * cluster
+                 : (cluster == 2 ? 2 * std::min(*total, max_clusters_)
+                                 : std::min(*total, num_sms_));
     l.templates = &impl_->templates.at({options.input, tile_n});
     l.stream = stream;
     if (auto s = check(LaunchHopperGemm(l)); !s.ok()) return s;
@@ -708,14 +714,13 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     if (!staged.ok()) return staged.status();
     uint8_t* host = staged->host;
     std::memcpy(host, simt.data(), simt.size() * sizeof(DeviceGemmProblem));
-    auto* offsets = reinterpret_cast<int32_t*>(host + layout.simt_offsets - layout.simt_table);
-    int64_t at = 0;
-    for (size_t i = 0; i < simt.size(); ++i) {
-      offsets[i] = static_cast<int32_t>(at);
-      at += CeilDiv(simt[i].m, kSimtTile) * CeilDiv(simt[i].n, kSimtTile);
-    }
-    if (at > INT32_MAX) return absl::InvalidArgumentError("batch has too many tiles");
-    offsets[simt.size()] = static_cast<int32_t>(at);
+    absl::StatusOr<int32_t> tiles = WriteTileOffsets(
+        simt,
+        [](const DeviceGemmProblem& p) {
+          return CeilDiv(p.m, kSimtTile) * CeilDiv(p.n, kSimtTile);
+        },
+        reinterpret_cast<int32_t*>(host + layout.simt_offsets - layout.simt_table));
+    if (!tiles.ok()) return tiles.status();
     if (auto s = check(Impl::Send(*staged, ws + layout.simt_table, stream)); !s.ok()) {
       return s;
     }
@@ -725,11 +730,11 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     l.problems = reinterpret_cast<const DeviceGemmProblem*>(ws + layout.simt_table);
     l.tile_offsets = reinterpret_cast<const int32_t*>(ws + layout.simt_offsets);
     l.num_problems = static_cast<int>(simt.size());
-    l.total_tiles = static_cast<int>(at);
+    l.total_tiles = *tiles;
     // Four 256-thread blocks fit an SM alongside each other.
     l.grid = options.family == KernelFamily::kNonPersistent
                  ? l.total_tiles
-                 : static_cast<int>(std::min<int64_t>(at, 4 * num_sms_));
+                 : std::min(*tiles, 4 * num_sms_);
     l.stream = stream;
     if (auto s = check(LaunchSimtGemm(l)); !s.ok()) return s;
     ++r.launches;
