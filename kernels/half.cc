@@ -80,25 +80,26 @@ void FloatToHalf(const float* in, uint16_t* out, size_t n) {
 // elements: narrowing 1.1-1.3 -> 0.5-0.6 ms, widening 0.67 -> 0.16 ms).
 namespace {
 constexpr size_t kBlock = 16;
+
+// out[i] = convert(in[i]) for n elements: kBlock at a time through a local
+// block, then the tail one by one.
+template <typename In, typename Out, typename Convert>
+inline void ConvertInBlocks(const In* in, Out* out, size_t n, Convert convert) {
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    Out block[kBlock];
+    for (size_t j = 0; j < kBlock; ++j) block[j] = convert(in[i + j]);
+    std::memcpy(out + i, block, sizeof(block));
+  }
+  for (; i < n; ++i) out[i] = convert(in[i]);
+}
 }  // namespace
 
 void BFloat16ToFloat(const uint16_t* in, float* out, size_t n) {
-  size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    float block[kBlock];
-    for (size_t j = 0; j < kBlock; ++j) block[j] = BFloat16ToFloat(in[i + j]);
-    std::memcpy(out + i, block, sizeof(block));
-  }
-  for (; i < n; ++i) out[i] = BFloat16ToFloat(in[i]);
+  ConvertInBlocks(in, out, n, [](uint16_t h) { return BFloat16ToFloat(h); });
 }
 void FloatToBFloat16(const float* in, uint16_t* out, size_t n) {
-  size_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    uint16_t block[kBlock];
-    for (size_t j = 0; j < kBlock; ++j) block[j] = FloatToBFloat16(in[i + j]);
-    std::memcpy(out + i, block, sizeof(block));
-  }
-  for (; i < n; ++i) out[i] = FloatToBFloat16(in[i]);
+  ConvertInBlocks(in, out, n, [](float f) { return FloatToBFloat16(f); });
 }
 
 }  // namespace matmul
