@@ -141,18 +141,27 @@ TEST(HalfTest, BulkConversionsMatchScalar) {
   }
 }
 
+// The bulk widening `bulk` gives bit for bit what `scalar` gives on every
+// 16-bit pattern (NaN payloads included).
+template <typename Bulk, typename Scalar>
+void ExpectBulkWideningMatchesScalarOnEveryPattern(Bulk bulk, Scalar scalar) {
+  std::vector<uint16_t> all(0x10000);
+  for (uint32_t b = 0; b < 0x10000; ++b) all[b] = static_cast<uint16_t>(b);
+  std::vector<float> widened(all.size());
+  bulk(all.data(), widened.data(), all.size());
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float expected = scalar(all[b]);
+    ASSERT_EQ(std::memcmp(&widened[b], &expected, 4), 0) << std::hex << b;
+  }
+}
+
 // The bulk bfloat16 conversions run in vectorizable blocks with a scalar
 // tail: every bit pattern, at every length and start offset around a block,
 // must give exactly what the scalar functions give (NaNs included).
 TEST(BFloat16Test, BulkConversionsMatchScalarOnEveryBitPattern) {
-  std::vector<uint16_t> all(0x10000);
-  for (uint32_t b = 0; b < 0x10000; ++b) all[b] = static_cast<uint16_t>(b);
-  std::vector<float> widened(all.size());
-  BFloat16ToFloat(all.data(), widened.data(), all.size());
-  for (uint32_t b = 0; b < 0x10000; ++b) {
-    const float scalar = BFloat16ToFloat(all[b]);
-    ASSERT_EQ(std::memcmp(&widened[b], &scalar, 4), 0) << std::hex << b;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectBulkWideningMatchesScalarOnEveryPattern(
+      [](const uint16_t* in, float* out, size_t n) { BFloat16ToFloat(in, out, n); },
+      [](uint16_t b) { return BFloat16ToFloat(b); }));
 
   std::mt19937_64 rng(std::random_device{}());
   std::uniform_int_distribution<uint32_t> bits;
@@ -186,14 +195,9 @@ TEST(BFloat16Test, BulkConversionsMatchScalarOnEveryBitPattern) {
 }
 
 TEST(HalfTest, BulkConversionsMatchScalarOnEveryBitPattern) {
-  std::vector<uint16_t> all(0x10000);
-  for (uint32_t h = 0; h < 0x10000; ++h) all[h] = static_cast<uint16_t>(h);
-  std::vector<float> widened(all.size());
-  HalfToFloat(all.data(), widened.data(), all.size());
-  for (uint32_t h = 0; h < 0x10000; ++h) {
-    const float scalar = HalfToFloat(all[h]);
-    ASSERT_EQ(std::memcmp(&widened[h], &scalar, 4), 0) << std::hex << h;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectBulkWideningMatchesScalarOnEveryPattern(
+      [](const uint16_t* in, float* out, size_t n) { HalfToFloat(in, out, n); },
+      [](uint16_t h) { return HalfToFloat(h); }));
 
   // Random bit patterns, and as many again drawn around float16's range
   // (subnormals, normals, the overflow edge), with NaNs, infinities and ties.
