@@ -17,6 +17,10 @@
 // runs; inputs rotated over several buffer sets (more than twice the L2) so
 // that no run reads the previous run's operands from cache; random data.
 //
+// The "host us" column is the median host time of one call into the
+// launcher (or cuBLAS): its planning, table building and enqueueing, which
+// isolated timing adds to the device time and back-to-back timing hides.
+//
 // Rows:
 //  * single problems (bf16, fp16, TF32, float32; 1024^3 ... 8192^3 and
 //    4096 x 11008 x 4096): ours persistent, ours one CTA per tile, cuBLAS;
@@ -27,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -153,18 +158,32 @@ int g_inline = -1;
 bool g_b_nxk = false;
 constexpr int kBatch = 8;
 
-// Median milliseconds of `run(set)` over `reps` timed runs after warm-up.
-double TimeMedianMs(cudaStream_t stream, int sets, int reps, const std::function<void(int)>& run) {
+// What TimeMedian measured.
+struct Timed {
+  double ms = 0;       // Median device time of one run (CUDA events).
+  double host_us = 0;  // Median host time of one run() call: the launcher's
+                       // own planning, table building and enqueueing.
+};
+
+// Median device and host times of `run(set)` over `reps` timed runs after
+// warm-up.
+Timed TimeMedian(cudaStream_t stream, int sets, int reps, const std::function<void(int)>& run) {
   for (int i = 0; i < 3; ++i) run(i % sets);
   CHECK_CUDA(cudaStreamSynchronize(stream));
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   std::vector<float> ms;
+  std::vector<double> host_us;
   const int per = g_timing == Timing::kBackToBack ? kBatch : 1;
   for (int i = 0; i < reps; ++i) {
     cudaEventRecord(start, stream);
-    for (int j = 0; j < per; ++j) run((i * per + j) % sets);
+    for (int j = 0; j < per; ++j) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run((i * per + j) % sets);
+      host_us.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
     cudaEventRecord(stop, stream);
     CHECK_CUDA(cudaEventSynchronize(stop));
     float t;
@@ -174,7 +193,8 @@ double TimeMedianMs(cudaStream_t stream, int sets, int reps, const std::function
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  std::sort(host_us.begin(), host_us.end());
+  return {ms[ms.size() / 2], host_us[host_us.size() / 2]};
 }
 
 cudaDataType_t CudaType(DType t) {
@@ -205,6 +225,7 @@ double Compare(const std::vector<DeviceGemmProblem>& ours, const std::vector<Dev
 struct Row {
   std::string group, name, dtype, variant;
   double us = 0, tflops = 0, ratio = 0, error = -1;
+  double host_us = 0;  // Median host time of one call (TimeMedian).
   std::string tile = "-";  // Our Hopper tiles ("128x256 x2 cluster"), when they ran.
 };
 
@@ -245,14 +266,16 @@ class Bench {
       o.hopper_tile_n = g_tile_n;
       o.hopper_cluster = g_cluster;
       o.hopper_inline_problems = g_inline;
-      const double ms = TimeMedianMs(stream_, static_cast<int>(buffers->sets.size()), reps, [&](int set) {
+      const Timed timed = TimeMedian(stream_, static_cast<int>(buffers->sets.size()), reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
       });
+      const double ms = timed.ms;
       Row r{"single", g_b_nxk ? label + " B nxk" : label, dtype,
             family == KernelFamily::kCublas ? "cuBLAS"
                                             : (family == KernelFamily::kPersistent ? "ours persistent"
                                                                                    : "ours one CTA/tile")};
       r.us = ms * 1e3;
+      r.host_us = timed.host_us;
       r.tflops = flops / (ms * 1e-3) / 1e12;
       if (family == KernelFamily::kCublas) {
         cublas_ms = ms;
@@ -299,35 +322,41 @@ class Bench {
     o.input = in;
     o.output = out;
     o.family = KernelFamily::kCublas;
-    const double loop_ms = TimeMedianMs(stream_, sets, reps, [&](int set) {
+    const Timed loop = TimeMedian(stream_, sets, reps, [&](int set) {
       CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
     });
+    const double loop_ms = loop.ms;
     for (size_t i = 0; i < shapes.size(); ++i) {
       CHECK_CUDA(cudaMemcpy(ref->sets[0][i].d, buffers->sets[0][i].d,
                             shapes[i].m * shapes[i].n * ElementSize(out), cudaMemcpyDeviceToDevice));
     }
     // cuBLAS grouped.
-    const double grouped_ms = CublasGrouped(*buffers, in, out, reps);
+    const Timed grouped = CublasGrouped(*buffers, in, out, reps);
+    const double grouped_ms = grouped.ms;
     const double best_cublas = std::min(loop_ms, grouped_ms);
     rows.push_back({"grouped", label, "bfloat16", "cuBLAS per problem", loop_ms * 1e3,
                     flops / (loop_ms * 1e-3) / 1e12, best_cublas / loop_ms});
+    rows.back().host_us = loop.host_us;
     rows.push_back({"grouped", label, "bfloat16", "cublasGemmGroupedBatchedEx", grouped_ms * 1e3,
                     flops / (grouped_ms * 1e-3) / 1e12, best_cublas / grouped_ms});
+    rows.back().host_us = grouped.host_us;
     for (auto family : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
       o.family = family;
       o.hopper_tile_n = g_tile_n;
       o.hopper_cluster = g_cluster;
       o.hopper_inline_problems = g_inline;
       LaunchReport report;
-      const double ms = TimeMedianMs(stream_, sets, reps, [&](int set) {
+      const Timed timed = TimeMedian(stream_, sets, reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_, &report));
       });
+      const double ms = timed.ms;
       CHECK_OK(launcher_->Run(buffers->sets[0], o, workspace_, workspace_bytes_, stream_));
       CHECK_CUDA(cudaStreamSynchronize(stream_));
       Row r{"grouped", label, "bfloat16",
             absl::StrCat(family == KernelFamily::kPersistent ? "ours persistent" : "ours one CTA/tile",
                          " (", report.launches, " launch, ", report.hopper_tile, ")")};
       r.us = ms * 1e3;
+      r.host_us = timed.host_us;
       r.tflops = flops / (ms * 1e-3) / 1e12;
       r.ratio = best_cublas / ms;
       r.error = Compare(buffers->sets[0], ref->sets[0], out);
@@ -353,15 +382,15 @@ class Bench {
       out << absl::StrFormat(
           "    {\"group\": \"%s\", \"name\": \"%s\", \"dtype\": \"%s\", \"variant\": \"%s\", "
           "\"us\": %.2f, \"tflops\": %.2f, \"ratio_to_cublas\": %.3f, \"max_rel_error\": %.3g, "
-          "\"tile\": \"%s\"}%s\n",
-          r.group, r.name, r.dtype, r.variant, r.us, r.tflops, r.ratio, r.error, r.tile,
+          "\"tile\": \"%s\", \"host_us\": %.2f}%s\n",
+          r.group, r.name, r.dtype, r.variant, r.us, r.tflops, r.ratio, r.error, r.tile, r.host_us,
           i + 1 < rows_.size() ? "," : "");
     }
     out << "  ]\n}\n";
   }
 
  private:
-  double CublasGrouped(const Buffers& buffers, DType in, DType out, int reps) {
+  Timed CublasGrouped(const Buffers& buffers, DType in, DType out, int reps) {
     const int count = static_cast<int>(buffers.sets[0].size());
     std::vector<cublasOperation_t> ops(count, CUBLAS_OP_N);
     std::vector<int> m(count), n(count), k(count), lda(count), ldb(count), ldc(count), size(count, 1);
@@ -387,7 +416,7 @@ class Bench {
       CHECK_CUDA(cudaMemcpy(ptrs, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice));
       device_ptrs.push_back(ptrs);
     }
-    const double ms = TimeMedianMs(stream_, static_cast<int>(device_ptrs.size()), reps, [&](int set) {
+    const Timed timed = TimeMedian(stream_, static_cast<int>(device_ptrs.size()), reps, [&](int set) {
       void** ptrs = device_ptrs[set];
       const cublasStatus_t s = cublasGemmGroupedBatchedEx(
           cublas_, ops.data(), ops.data(), m.data(), n.data(), k.data(), alpha.data(),
@@ -400,12 +429,12 @@ class Bench {
       }
     });
     for (void** p : device_ptrs) cudaFree(p);
-    return ms;
+    return timed;
   }
 
   void Emit(const Row& r) {
-    std::printf("%-8s %-22s %-9s %-44s %11.1f %9.1f %7.3f %10s  %s\n", r.group.c_str(),
-                r.name.c_str(), r.dtype.c_str(), r.variant.c_str(), r.us, r.tflops, r.ratio,
+    std::printf("%-8s %-22s %-9s %-44s %11.1f %8.1f %9.1f %7.3f %10s  %s\n", r.group.c_str(),
+                r.name.c_str(), r.dtype.c_str(), r.variant.c_str(), r.us, r.host_us, r.tflops, r.ratio,
                 r.error < 0 ? "-" : absl::StrFormat("%.2e", r.error).c_str(), r.tile.c_str());
     std::fflush(stdout);
     rows_.push_back(r);
@@ -460,8 +489,8 @@ int Main(int argc, char** argv) {
   std::printf("gemm-bench on %s (%d SMs), median of repeated runs, CUDA events, %s timing\n",
               prop.name, prop.multiProcessorCount,
               g_timing == Timing::kBackToBack ? "back-to-back" : "isolated");
-  std::printf("%-8s %-22s %-9s %-44s %11s %9s %7s %10s  %s\n", "group", "problem", "dtype",
-              "variant", "us", "TFLOP/s", "x cuBLAS", "rel.err", "tiles");
+  std::printf("%-8s %-22s %-9s %-44s %11s %8s %9s %7s %10s  %s\n", "group", "problem", "dtype",
+              "variant", "us", "host us", "TFLOP/s", "x cuBLAS", "rel.err", "tiles");
   Bench bench(quick);
   std::vector<std::pair<Shape, std::string>> sizes = {
       {{1024, 1024, 1024}, "1024^3"}, {{2048, 2048, 2048}, "2048^3"},
