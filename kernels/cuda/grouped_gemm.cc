@@ -29,6 +29,11 @@ double Flops(const DeviceGemmProblem& p) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// CeilDiv by a power of two `b`, as a shift: the launcher divides by tile
+// widths, k-block depths and cluster sizes for every problem of a batch,
+// several times over, and a 64-bit division costs tens of cycles.
+int64_t CeilDivPow2(int64_t a, int64_t b) { return (a + b - 1) >> __builtin_ctzll(b); }
+
 // Writes the prefix sums of `units(p)` over `problems` to `offsets`
 // (problems.size() + 1 entries) and returns the total: the tile list of a
 // launch. An error when the batch has more tiles than an int32 counts.
@@ -151,13 +156,13 @@ struct GroupedGemmLauncher::Impl {
 
   // One pinned buffer handed out by Stage(), to be filled and given to Send().
   struct Staged {
-    uint8_t* host = nullptr;  // `bytes` zeroed bytes, filled by the caller.
+    uint8_t* host = nullptr;  // `bytes` bytes, filled by the caller (not zeroed).
     size_t bytes = 0;
     Staging* staging = nullptr;  // Whose buffer it is...
     int index = 0;               // ...and which of its two.
   };
 
-  // A zeroed pinned buffer of `bytes` for the next upload on `stream`, to be
+  // A pinned buffer of `bytes` for the next upload on `stream`, to be
   // filled in place and sent with Send(): the table is built where the copy
   // reads it, with no host allocation per launch (a fresh buffer of a few
   // hundred KB costs page faults on every call). Waits until the device has
@@ -187,7 +192,6 @@ struct GroupedGemmLauncher::Impl {
       if (e != cudaSuccess) return Error("allocating pinned staging", e);
       s->bytes[i] = size;
     }
-    std::memset(s->ptr[i], 0, bytes);
     return Staged{s->ptr[i], bytes, s, i};
   }
 
@@ -400,10 +404,11 @@ double EstimateHopperTime(const std::vector<DeviceGemmProblem>& problems, DType 
   const double rate = tile_n == kHopperWideN ? 1.0 : (tile_n == kHopperNarrowN ? 0.85 : 0.65);
   constexpr double kPerTile = 2.0;
   const int64_t bk = 128 / static_cast<int64_t>(ElementSize(input));
+  const double per_kblock = tile_n / 256.0 / rate;
   // Tiles of `p` and the cost of each.
   auto tiles_and_cost = [&](const DeviceGemmProblem& p) {
-    return std::pair{CeilDiv(p.m, kHopperTileM) * CeilDiv(p.n, tile_n),
-                     CeilDiv(p.k, bk) * (tile_n / 256.0) / rate + kPerTile};
+    return std::pair{CeilDiv(p.m, kHopperTileM) * CeilDivPow2(p.n, tile_n),
+                     static_cast<double>(CeilDivPow2(p.k, bk)) * per_kblock + kPerTile};
   };
   int64_t tiles = 0;
   double work = 0, longest = 0;
@@ -543,6 +548,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
 
   // ---- Hopper problems --------------------------------------------------------
   std::vector<DeviceGemmProblem> hopper;
+  hopper.reserve(problems.size());
   size_t transpose_at = layout.transposes;
   for (size_t i = 0; i < problems.size(); ++i) {
     if (paths[i] != Path::kHopper) continue;
@@ -611,7 +617,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     // launcher's own choice is single CTAs.
     if (tile_n != kHopperWideN || max_clusters_ == 0 || cluster == 0) cluster = 1;
     auto units_of = [&](const DeviceGemmProblem& p) {
-      return CeilDiv(CeilDiv(p.m, kHopperTileM), cluster) * CeilDiv(p.n, tile_n);
+      return CeilDivPow2(CeilDiv(p.m, kHopperTileM), cluster) * CeilDivPow2(p.n, tile_n);
     };
     std::vector<int32_t> offsets(hopper.size() + 1);
     absl::StatusOr<int32_t> total = WriteTileOffsets(hopper, units_of, offsets.data());
@@ -660,6 +666,14 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
       std::memcpy(host, hopper.data(), hopper.size() * sizeof(DeviceGemmProblem));
       std::memcpy(host + layout.hopper_offsets - layout.hopper_table, offsets.data(),
                   offsets.size() * sizeof(int32_t));
+      // The staging is not zeroed: the flags (and the map slots when they
+      // ride along) must be. Padding between the regions and tile owners
+      // past the batch's tiles are sent as they are and never read.
+      std::memset(host + layout.hopper_flags - layout.hopper_table, 0,
+                  (hopper.size() + 1) * sizeof(unsigned long long));
+      if (maps_in_copy) {
+        std::memset(host + layout.hopper_maps - layout.hopper_table, 0, maps_bytes);
+      }
       auto* tile_problem =
           reinterpret_cast<int32_t*>(host + layout.hopper_tile_problem - layout.hopper_table);
       for (size_t i = 0; i < hopper.size(); ++i) {
