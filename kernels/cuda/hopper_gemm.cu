@@ -82,6 +82,7 @@ constexpr int kThreads = 384;            // Producer + 2 consumer warpgroups.
 constexpr int kGroupRows = 8;            // Tile-rows per rasterization group.
 constexpr int kConsumerWarps = 8;        // Each releases a stage on its own.
 constexpr int kInfoSlots = 8;            // Tiles the scheduler may have ready ahead.
+constexpr int kMapWarps = 3;             // Warps that build tensor maps: scheduler + 2 builders.
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -416,13 +417,14 @@ struct Layout {
   // Stages (1024-byte aligned), the store buffers, then the barriers (full
   // and empty per stage, full and empty per info slot), each stage's
   // TileInfo, the info ring, the loader's count of issued k-blocks, and
-  // three 128-byte tensor-map scratch slots (A, B, D).
+  // three 128-byte tensor-map scratch slots (A, B, D) for each warp that
+  // builds maps (the scheduler and the two map builders).
   static constexpr int kBarrierOffset = kStoreOffset + 2 * 2 * kStoreBufferBytes;
   static constexpr int kStageInfoOffset = kBarrierOffset + (2 * kStages + 2 * kInfoSlots) * 8;
   static constexpr int kInfoOffset = kStageInfoOffset + kStages * sizeof(TileInfo);
   static constexpr int kIssuedOffset = kInfoOffset + kInfoSlots * sizeof(TileInfo);
   static constexpr int kMapOffset = (kIssuedOffset + 16 + 127) / 128 * 128;
-  static constexpr int kBytes = kMapOffset + 3 * 128 + 1024;  // + alignment slack
+  static constexpr int kBytes = kMapOffset + kMapWarps * 3 * 128 + 1024;  // + alignment slack
   static_assert(kBarrierOffset % 16 == 0 && kStageInfoOffset % 16 == 0, "TileInfo alignment");
   static_assert(kBytes <= 227 * 1024, "over the shared memory of one SM");
 };
@@ -438,7 +440,7 @@ struct Smem {
   TileInfo* stage_info;  // Per stage: the tile it starts (read at a tile's first stage).
   TileInfo* info;        // The scheduler-to-loader ring.
   int* issued;           // k-blocks the loader has issued (shared-memory atomics).
-  CUtensorMap* scratch;  // The scheduler's map scratch (A, B, D).
+  CUtensorMap* scratch;  // Map scratch (A, B, D): the scheduler's, then each builder's.
 
   __device__ explicit Smem(uint8_t* base)
       : stages(base),
@@ -497,11 +499,15 @@ __device__ __forceinline__ bool StoresByTma(const Params& p, const DeviceGemmPro
          (pr.ldd * OutputSize(p.output)) % 16 == 0 && !Diag(p, kDiagDirectStores);
 }
 
-// Scheduler warp: makes sure problem `prob`'s tensor maps are built and
-// published (by this CTA or another). The threads that use them acquire
-// them (AcquireMap) after learning of the problem from this warp.
+// Whole warp: makes sure problem `prob`'s tensor maps are built and
+// published (by this warp or another, of this CTA or another), `scratch`
+// being this warp's three shared-memory slots. The scheduler calls it with
+// `wait` set: on return the maps are ready, and the threads that use them
+// acquire them (AcquireMap) after learning of the problem from it. A map
+// builder calls it without `wait`, and moves on when another warp is
+// already building them.
 template <typename T, int kCluster>
-__device__ void BuildMaps(const Params& p, int prob, CUtensorMap* scratch) {
+__device__ void BuildMaps(const Params& p, int prob, CUtensorMap* scratch, bool wait = true) {
   const int lane = threadIdx.x & 31;
   CUtensorMap* ga = p.maps + 3 * prob;
   CUtensorMap* gb = ga + 1;
@@ -566,10 +572,31 @@ __device__ void BuildMaps(const Params& p, int prob, CUtensorMap* scratch) {
       __threadfence();
       atomicExch(flag, ready);
     }
-  } else if (state == 2 && lane == 0) {
+  } else if (state == 2 && lane == 0 && wait) {
     while (LoadAcquire(flag) != ready) __nanosleep(64);
   }
   __syncwarp();
+}
+
+// Map builders (warps 2 and 3 of the producer warpgroup, otherwise idle):
+// with the batch in a table, they build its problems' tensor maps from the
+// kernel's start, builder w of CTA b taking problems 2b + w, 2b + w +
+// 2 * gridDim.x, ..., so that the whole grid builds them in parallel and in
+// about the order the tile list reaches them. A scheduler reaching a new
+// problem then mostly finds its maps ready instead of building them on its
+// tile's critical path (for batches of many small problems that build was
+// most of each tile's time); it still builds any that are not.
+template <typename T, int BN, int kCluster>
+__device__ void PrebuildMaps(const Params& p, const Smem<BN>& sm) {
+  if (Inline(p)) return;
+  const int w = (static_cast<int>(threadIdx.x) >> 5) - 2;  // 0 or 1
+  CUtensorMap* scratch = sm.scratch + 3 * (1 + w);
+  const int stride = 2 * static_cast<int>(gridDim.x);
+  for (int prob = 2 * static_cast<int>(blockIdx.x) + w; prob < p.num_problems; prob += stride) {
+    // A problem without tiles has no maps to build (and extents of 0).
+    if (__ldg(&p.tile_offsets[prob + 1]) == __ldg(&p.tile_offsets[prob])) continue;
+    BuildMaps<T, kCluster>(p, prob, scratch, /*wait=*/false);
+  }
 }
 
 // Scheduler lane 0: the tile (unit) after `tile` (total_tiles when none).
@@ -1055,6 +1082,8 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
       Load<T, BN, kCluster>(p, sm);
     } else if (threadIdx.x >= 32 && threadIdx.x < 64) {
       Schedule<T, BN, kCluster>(p, sm);
+    } else if (threadIdx.x >= 64) {
+      PrebuildMaps<T, BN, kCluster>(p, sm);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");

@@ -421,6 +421,43 @@ TEST_F(GroupedGemmTest, TmaStoresStayInsideTheMatrix) {
   }
 }
 
+// Problems without tiles (no rows or no columns) among others in a batch
+// too large for the launch parameters: the kernel's map builders, which
+// walk every problem of the table, skip them, and every other problem is
+// right, for every tile width and both grids.
+TEST_F(GroupedGemmTest, EmptyProblemsInATable) {
+  std::vector<HostProblem> host;
+  for (int i = 0; i < 40; ++i) {
+    const int64_t m = i % 5 == 1 ? 0 : 8 * (8 + (i * 7) % 37);
+    const int64_t n = i % 5 == 3 ? 0 : 8 * (8 + (i * 11) % 31);
+    const int64_t k = 8 * (4 + i % 20);
+    host.push_back(MakeHostProblem(m, n, k, DType::kBFloat16, DType::kBFloat16, rng_, i & 1,
+                                   i & 2, i % 7 == 0 ? -0.5 : 1.0, 0.0));
+  }
+  GroupedGemmOptions o;
+  o.input = DType::kBFloat16;
+  o.output = DType::kBFloat16;
+  for (int width : {0, 256, 128, 64}) {
+    for (KernelFamily f : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
+      DeviceBatch batch(host, o.input, o.output);
+      o.hopper_tile_n = width;
+      o.family = f;
+      LaunchReport report;
+      Run(batch, o, &report);
+      if (launcher_->has_hopper_kernels()) {
+        EXPECT_FALSE(report.hopper_inline);
+        EXPECT_EQ(report.hopper_problems, static_cast<int>(host.size()));
+      }
+      for (size_t i = 0; i < host.size(); ++i) {
+        if (host[i].m * host[i].n == 0) continue;
+        EXPECT_LE(CheckAgainstReference(host[i], batch.Download(i), o.input, o.output),
+                  ErrorBound(o.input, o.output, Precision::kDefault))
+            << "problem " << i << " width " << width << " family " << static_cast<int>(f);
+      }
+    }
+  }
+}
+
 TEST_F(GroupedGemmTest, RepeatedLaunchesGiveIdenticalResults) {
   const auto host = MixedBatch(64, 400, DType::kBFloat16, DType::kFloat32, rng_);
   DeviceBatch batch(host, DType::kBFloat16, DType::kFloat32);
