@@ -49,10 +49,15 @@
 // 8-12% of a large problem's time, more for small grouped problems.
 //
 // Tensor maps: TMA needs one map per operand (A, B and, for TMA stores, D).
-// The host encodes templates (box, swizzle, element type) once; the first
-// CTA that needs a problem patches a copy with the problem's address, sizes
-// and stride (tensormap.replace), publishes it to global memory and flags
-// it; others wait for the flag. No host work per problem. Batches of up to
+// The host encodes templates (box, swizzle, element type) once; a warp
+// patches a copy with the problem's address, sizes and stride
+// (tensormap.replace), publishes it to global memory and flags it; others
+// wait for the flag. No host work per problem. The producer warpgroup's
+// last two warps (the map builders) build every problem's maps from the
+// kernel's start, spread over the grid in tile-list order, so that a
+// scheduler mostly finds them ready: when the schedulers built them on
+// demand, a batch of 1024 small problems spent most of each tile's time on
+// the build (docs/BENCHMARKS.md, sixth round). Batches of up to
 // kHopperInlineProblems come instead with their problems and maps (encoded
 // on the host) in the kernel's parameters: nothing is copied before the
 // launch, no map is built, and the tile counters (a pair per stream) are
