@@ -87,7 +87,8 @@ constexpr int kThreads = 384;            // Producer + 2 consumer warpgroups.
 constexpr int kGroupRows = 8;            // Tile-rows per rasterization group.
 constexpr int kConsumerWarps = 8;        // Each releases a stage on its own.
 constexpr int kInfoSlots = 8;            // Tiles the scheduler may have ready ahead.
-constexpr int kMapWarps = 3;             // Warps that build tensor maps: scheduler + 2 builders.
+constexpr int kMapBuilders = 2;          // Producer warps 2 and 3 (PrebuildMaps).
+constexpr int kMapWarps = 1 + kMapBuilders;  // Warps that build tensor maps: the scheduler too.
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -348,7 +349,8 @@ __device__ __forceinline__ const DeviceGemmProblem& Problem(const Params& p, int
 }
 
 // Problem `prob`'s map of A (0), B (1) or D (2): encoded on the host with an
-// inline batch, else built by a scheduler warp into the workspace.
+// inline batch, else built into the workspace by a map builder or a
+// scheduler warp (BuildMaps).
 __device__ __forceinline__ const CUtensorMap* Map(const Params& p, int prob, int which) {
   return Inline(p) ? &p.inl.maps[prob][which] : p.maps + 3 * prob + which;
 }
@@ -585,19 +587,21 @@ __device__ void BuildMaps(const Params& p, int prob, CUtensorMap* scratch, bool 
 
 // Map builders (warps 2 and 3 of the producer warpgroup, otherwise idle):
 // with the batch in a table, they build its problems' tensor maps from the
-// kernel's start, builder w of CTA b taking problems 2b + w, 2b + w +
-// 2 * gridDim.x, ..., so that the whole grid builds them in parallel and in
-// about the order the tile list reaches them. A scheduler reaching a new
+// kernel's start, builder w of CTA b taking problems kMapBuilders * b + w
+// and every kMapBuilders * gridDim.x-th after, so that the whole grid
+// builds them in parallel and in about the order the tile list reaches
+// them. A scheduler reaching a new
 // problem then mostly finds its maps ready instead of building them on its
 // tile's critical path (for batches of many small problems that build was
 // most of each tile's time); it still builds any that are not.
 template <typename T, int BN, int kCluster>
 __device__ void PrebuildMaps(const Params& p, const Smem<BN>& sm) {
   if (Inline(p)) return;
-  const int w = (static_cast<int>(threadIdx.x) >> 5) - 2;  // 0 or 1
-  CUtensorMap* scratch = sm.scratch + 3 * (1 + w);
-  const int stride = 2 * static_cast<int>(gridDim.x);
-  for (int prob = 2 * static_cast<int>(blockIdx.x) + w; prob < p.num_problems; prob += stride) {
+  const int w = (static_cast<int>(threadIdx.x) >> 5) - 2;  // 0 .. kMapBuilders - 1
+  CUtensorMap* scratch = sm.scratch + 3 * (1 + w);         // After the scheduler's slots.
+  const int stride = kMapBuilders * static_cast<int>(gridDim.x);
+  for (int prob = kMapBuilders * static_cast<int>(blockIdx.x) + w; prob < p.num_problems;
+       prob += stride) {
     // A problem without tiles has no maps to build (and extents of 0).
     if (__ldg(&p.tile_offsets[prob + 1]) == __ldg(&p.tile_offsets[prob])) continue;
     BuildMaps<T, kCluster>(p, prob, scratch, /*wait=*/false);
@@ -1021,8 +1025,8 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
     if (ti.flags & kInfoTmaStore) {
       const CUtensorMap* map_d = Map(p, ti.problem, 2);
       if ((threadIdx.x & 127) == 0 && acquired_d != ti.problem && !Inline(p)) {
-        // Built by a scheduler (this CTA's or another's) and seen through
-        // the map flag before the tile was handed over.
+        // Built by a map builder or a scheduler (this CTA's or another's)
+        // and seen through the map flag before the tile was handed over.
         AcquireMap(map_d);
         acquired_d = ti.problem;
       }
@@ -1087,7 +1091,8 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
       Load<T, BN, kCluster>(p, sm);
     } else if (threadIdx.x >= 32 && threadIdx.x < 64) {
       Schedule<T, BN, kCluster>(p, sm);
-    } else if (threadIdx.x >= 64) {
+    } else if (threadIdx.x >= 64) {  // Warps 2 and 3: the kMapBuilders builders.
+      static_assert(kMapBuilders == (128 - 64) / 32, "one builder per remaining producer warp");
       PrebuildMaps<T, BN, kCluster>(p, sm);
     }
   } else {
