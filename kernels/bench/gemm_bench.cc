@@ -3,7 +3,7 @@
 //   gemm-bench [--json=FILE] [--quick] [--timing=isolated|back-to-back]
 //              [--only=single|grouped] [--size=LABEL]... [--dtype=NAME]...
 //              [--tile_n=256|128|64] [--cluster=1|2] [--b_stored=kxn|nxk]
-//              [--inline=N]
+//              [--inline=N] [--split_k=N]
 //
 // --size picks single-problem rows by label (4096^3) and grouped batches by
 // their problem count (256, 1024, 64); a label MxNxK not in the table (such
@@ -11,7 +11,9 @@
 // tf32 or float32 rows. --b_stored=nxk stores the single problems' B as
 // n x k (K-major) instead of k x n. --inline=N sends batches of at most N
 // problems in the launch's parameters (0: always through a table in device
-// memory; default: the launcher's limit).
+// memory; default: the launcher's limit). --split_k=N sets
+// GroupedGemmOptions::hopper_split_k for the single problems (0, the
+// default: the launcher's cost model; 1: no split-K tail; N: N k-ranges).
 //
 // Timing: CUDA events around each run, after warm-up; the median of many
 // runs; inputs rotated over several buffer sets (more than twice the L2) so
@@ -154,6 +156,8 @@ int g_tile_n = 0;
 int g_cluster = 0;
 // GroupedGemmOptions::hopper_inline_problems (--inline).
 int g_inline = -1;
+// GroupedGemmOptions::hopper_split_k (--split_k).
+int g_split_k = 0;
 // Single-problem rows with B stored n x k instead of k x n (--b_stored=nxk).
 bool g_b_nxk = false;
 constexpr int kBatch = 8;
@@ -266,6 +270,7 @@ class Bench {
       o.hopper_tile_n = g_tile_n;
       o.hopper_cluster = g_cluster;
       o.hopper_inline_problems = g_inline;
+      o.hopper_split_k = g_split_k;
       const Timed timed = TimeMedian(stream_, static_cast<int>(buffers->sets.size()), reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
       });
@@ -292,6 +297,10 @@ class Bench {
         if (!report.hopper_tile.empty()) {
           r.tile = absl::StrCat(report.hopper_tile, ", ", report.hopper_grid, " CTAs",
                                 report.hopper_inline ? ", in parameters" : "");
+          if (report.hopper_split_k > 1) {
+            absl::StrAppend(&r.tile, ", split-K ", report.hopper_split_k, " on ",
+                            report.hopper_split_tiles, " tiles");
+          }
         }
       }
       r.ratio = cublas_ms / ms;
@@ -466,6 +475,7 @@ int Main(int argc, char** argv) {
     else if (a.rfind("--tile_n=", 0) == 0) g_tile_n = std::atoi(a.c_str() + 9);
     else if (a.rfind("--cluster=", 0) == 0) g_cluster = std::atoi(a.c_str() + 10);
     else if (a.rfind("--inline=", 0) == 0) g_inline = std::atoi(a.c_str() + 9);
+    else if (a.rfind("--split_k=", 0) == 0) g_split_k = std::atoi(a.c_str() + 10);
     else if (a == "--b_stored=nxk") g_b_nxk = true;
     else if (a == "--b_stored=kxn") g_b_nxk = false;
     else {

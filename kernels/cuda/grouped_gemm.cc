@@ -60,6 +60,8 @@ struct WorkspaceLayout {
   // largest count), maps.
   size_t hopper_table = 0, hopper_offsets = 0, hopper_flags = 0, hopper_tile_problem = 0,
          hopper_maps = 0;
+  // The split-K tail's float32 partial tiles (HopperSplit; 0 bytes when none).
+  size_t hopper_partials = 0;
   // SIMT: table and tile offsets.
   size_t simt_table = 0, simt_offsets = 0;
   // TF32 transposed operand copies.
@@ -139,7 +141,8 @@ struct GroupedGemmLauncher::Impl {
   };
   std::map<cudaStream_t, Staging> staging;
   // Per stream: the tile counter pair of launches whose batch goes in the
-  // parameters (zeroed once; each launch's grid sets it back to zero).
+  // parameters, then a pair per split tile (HopperSplit), zeroed once; each
+  // launch sets the ones it uses back to zero.
   std::map<cudaStream_t, unsigned int*> counters;
 
   ~Impl() {
@@ -204,16 +207,19 @@ struct GroupedGemmLauncher::Impl {
     return cudaEventRecord(staged.staging->done[staged.index], stream);
   }
 
-  // `stream`'s self-resetting tile counters (allocated and zeroed on the
-  // stream the first time).
+  static constexpr size_t kCounters = 2 + 2 * kHopperMaxSplitTiles;
+
+  // `stream`'s self-resetting counters (kCounters, allocated and zeroed on
+  // the stream the first time): the tile counter pair, then the split
+  // tiles' pairs.
   absl::StatusOr<unsigned int*> Counters(cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = counters.find(stream);
     if (it != counters.end()) return it->second;
     unsigned int* c = nullptr;
-    cudaError_t e = cudaMalloc(&c, 2 * sizeof(unsigned int));
+    cudaError_t e = cudaMalloc(&c, kCounters * sizeof(unsigned int));
     if (e != cudaSuccess) return Error("allocating tile counters", e);
-    e = cudaMemsetAsync(c, 0, 2 * sizeof(unsigned int), stream);
+    e = cudaMemsetAsync(c, 0, kCounters * sizeof(unsigned int), stream);
     if (e != cudaSuccess) {
       cudaFree(c);
       return Error("zeroing tile counters", e);
@@ -390,25 +396,102 @@ std::vector<Path> Plan(absl::Span<const DeviceGemmProblem> problems,
   return paths;
 }
 
+// Relative rate per FLOP of the narrower tiles (less reuse of each loaded
+// byte, shorter wgmma instructions). Fitted to single bf16 problems on the
+// H200 (docs/BENCHMARKS.md, split-K round): a wave of 128x128 tiles took
+// 0.79x the time of a wave of 128x256 tiles on 2056^3, and 128x64 tiles
+// ran 1024^3 at 0.675 of the wide tile's time per k-block; the earlier
+// 0.85 and 0.65 chose 128x128 for 2056^3, 18% slower than 128x256.
+double TileRate(int tile_n) {
+  return tile_n == kHopperWideN ? 1.0 : (tile_n == kHopperNarrowN ? 0.65 : 0.37);
+}
+
+// Fixed cost of a tile (pipeline fill, epilogue, tile lookup), in the units
+// of EstimateHopperTime.
+constexpr double kPerTile = 2.0;
+// Cost of one 128 x 256 float32 partial tile (128 KiB) of a split tile, in
+// the same units: a unit writes one, the last unit reads every unit's back
+// through registers. Measured on the H200 (docs/BENCHMARKS.md, split-K
+// round) at 5-7 (4 on long K): the loads that fit beside the accumulators
+// keep too few bytes in flight for more than a few tens of GB/s per SM, so
+// a split pays only where K is long.
+constexpr double kPerPartial = 6.0;
+
+int64_t KBlocks(const DeviceGemmProblem& p, DType input) {
+  return CeilDivPow2(p.k, 128 / static_cast<int64_t>(ElementSize(input)));
+}
+
+// The split-K tail of a single problem (HopperSplit).
+struct SplitPlan {
+  int splits = 1;          // Units per split tile; 1: no split.
+  int64_t first_tile = 0;  // The first split tile.
+  int64_t tiles = 0;       // Split tiles (the problem's last ones).
+};
+
+// Problem `p` alone on `num_sms` SMs with tiles of width `tile_n`: its
+// estimated time (in the units of EstimateHopperTime) and the split of its
+// last, partial wave that gives it. `splits`: 0 lets the estimate choose,
+// 1 splits nothing, 2 or more asks for that many units per tile (fewer
+// where the problem has fewer k-blocks), splitting the last full wave when
+// there is no partial one.
+std::pair<double, SplitPlan> PlanSingle(const DeviceGemmProblem& p, DType input, int tile_n,
+                                        int num_sms, int splits) {
+  const double per_kblock = tile_n / 256.0 / TileRate(tile_n);
+  const int64_t tiles = CeilDiv(p.m, kHopperTileM) * CeilDivPow2(p.n, tile_n);
+  const int64_t kblocks = KBlocks(p, input);
+  const double tile_cost = static_cast<double>(kblocks) * per_kblock + kPerTile;
+  const int64_t waves = tiles / num_sms, tail = tiles % num_sms;
+  // A unit of a tile split `s` ways.
+  auto unit_cost = [&](int64_t s) {
+    return static_cast<double>(CeilDiv(kblocks, s)) * per_kblock + kPerTile +
+           kPerPartial * static_cast<double>(1 + s) * tile_n / 256.0;
+  };
+  SplitPlan plan;
+  double best = static_cast<double>(waves + (tail > 0 ? 1 : 0)) * tile_cost;
+  if (splits >= 2) {
+    plan.splits = static_cast<int>(std::min<int64_t>({splits, kblocks, kHopperMaxSplits}));
+    plan.tiles = std::min<int64_t>(tail > 0 ? tail : std::min<int64_t>(tiles, num_sms),
+                                   kHopperMaxSplitTiles);
+    if (plan.splits < 2 || plan.tiles == 0) return {best, SplitPlan()};
+    plan.first_tile = tiles - plan.tiles;
+    const double rest = static_cast<double>(CeilDiv(plan.first_tile, num_sms)) * tile_cost;
+    return {rest + static_cast<double>(CeilDiv(plan.tiles * plan.splits, num_sms)) *
+                       unit_cost(plan.splits),
+            plan};
+  }
+  if (splits == 1 || tail == 0) return {best, plan};
+  // The tail's units fit one wave: `s` up to num_sms / tail.
+  const int64_t most = std::min<int64_t>({num_sms / tail, kblocks, kHopperMaxSplits});
+  for (int64_t s = 2; s <= most; ++s) {
+    const double t = static_cast<double>(waves) * tile_cost + unit_cost(s);
+    if (t < best) {
+      best = t;
+      plan.splits = static_cast<int>(s);
+      plan.tiles = tail;
+      plan.first_tile = tiles - tail;
+    }
+  }
+  return {best, plan};
+}
+
 // Estimated time of the Hopper problems on `num_sms` SMs with tiles of width
 // `tile_n`, in units of one 128x256x64 k-block at the wide tile's rate. Each
 // tile costs its k-blocks at the width's relative rate plus a fixed
 // per-tile cost (pipeline fill, epilogue, tile lookup); the persistent grid
 // hands tiles out in order to whichever SM is free, so the estimate is that
-// list schedule: exact for one problem (whole waves), simulated for small
-// batches, and work / SMs plus the longest tile for large ones.
+// list schedule: exact for one problem (whole waves, or with its last wave
+// split when `split_tail` allows: PlanSingle), simulated for small batches,
+// and work / SMs plus the longest tile for large ones.
 double EstimateHopperTime(const std::vector<DeviceGemmProblem>& problems, DType input, int tile_n,
-                          int num_sms) {
-  // Relative rate per FLOP of the narrower tiles (less reuse of each loaded
-  // byte, shorter wgmma instructions).
-  const double rate = tile_n == kHopperWideN ? 1.0 : (tile_n == kHopperNarrowN ? 0.85 : 0.65);
-  constexpr double kPerTile = 2.0;
-  const int64_t bk = 128 / static_cast<int64_t>(ElementSize(input));
-  const double per_kblock = tile_n / 256.0 / rate;
+                          int num_sms, bool split_tail) {
+  if (problems.size() == 1) {
+    return PlanSingle(problems[0], input, tile_n, num_sms, split_tail ? 0 : 1).first;
+  }
+  const double per_kblock = tile_n / 256.0 / TileRate(tile_n);
   // Tiles of `p` and the cost of each.
   auto tiles_and_cost = [&](const DeviceGemmProblem& p) {
     return std::pair{CeilDiv(p.m, kHopperTileM) * CeilDivPow2(p.n, tile_n),
-                     static_cast<double>(CeilDivPow2(p.k, bk)) * per_kblock + kPerTile};
+                     static_cast<double>(KBlocks(p, input)) * per_kblock + kPerTile};
   };
   int64_t tiles = 0;
   double work = 0, longest = 0;
@@ -417,9 +500,6 @@ double EstimateHopperTime(const std::vector<DeviceGemmProblem>& problems, DType 
     tiles += n;
     work += n * cost;
     longest = std::max(longest, cost);
-  }
-  if (problems.size() == 1) {
-    return static_cast<double>(CeilDiv(tiles, num_sms)) * longest;
   }
   if (tiles > 4 * static_cast<int64_t>(num_sms)) return work / num_sms + longest;
   std::vector<double> free_at(num_sms, 0.0);  // A min-heap of SM finish times.
@@ -434,8 +514,59 @@ double EstimateHopperTime(const std::vector<DeviceGemmProblem>& problems, DType 
   return *std::max_element(free_at.begin(), free_at.end());
 }
 
+// How the Hopper problems of a batch run: tile width, cluster size and,
+// for a batch of one problem, the split-K tail.
+struct HopperShape {
+  int tile_n = kHopperWideN;
+  int cluster = 1;
+  SplitPlan split;
+};
+
+// The shape for `hopper` (the batch's Hopper problems; options already
+// validated): the asked width or the one with the shortest estimate (ties:
+// the wider), pairs only where asked for and possible, and a split tail
+// only for a lone problem on the persistent grid of single CTAs that goes
+// in the launch parameters (the launcher drops it where the problem's maps
+// then cannot be encoded on the host).
+HopperShape ChooseHopperShape(const std::vector<DeviceGemmProblem>& hopper,
+                              const GroupedGemmOptions& o, int num_sms, int max_clusters) {
+  HopperShape shape;
+  const bool may_split = hopper.size() == 1 && o.family == KernelFamily::kPersistent &&
+                         o.hopper_split_k != 1 && o.hopper_inline_problems != 0 &&
+                         o.hopper_cluster != 2;
+  shape.tile_n = o.hopper_tile_n;
+  if (shape.tile_n == 0) {
+    shape.tile_n = kHopperWideN;
+    double best = EstimateHopperTime(hopper, o.input, kHopperWideN, num_sms, may_split);
+    for (int n : {kHopperNarrowN, kHopperSmallN}) {
+      const double t = EstimateHopperTime(hopper, o.input, n, num_sms, may_split);
+      if (t < best) {
+        best = t;
+        shape.tile_n = n;
+      }
+    }
+  }
+  // Pairs are opt-in: measured on the H200 (docs/BENCHMARKS.md) they run
+  // 5-10% slower than single CTAs with the dynamic tile counter, so the
+  // launcher's own choice is single CTAs.
+  shape.cluster =
+      shape.tile_n != kHopperWideN || max_clusters == 0 || o.hopper_cluster == 0 ? 1
+                                                                                : o.hopper_cluster;
+  if (may_split && shape.cluster == 1) {
+    shape.split =
+        PlanSingle(hopper[0], o.input, shape.tile_n, num_sms, o.hopper_split_k).second;
+  }
+  return shape;
+}
+
+// Bytes of the partial tiles of `split` with tiles of width `tile_n`.
+size_t PartialBytes(const SplitPlan& split, int tile_n) {
+  if (split.splits < 2) return 0;
+  return static_cast<size_t>(split.tiles) * split.splits * kHopperTileM * tile_n * sizeof(float);
+}
+
 WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::vector<Path>& paths,
-                       const GroupedGemmOptions& o) {
+                       const GroupedGemmOptions& o, size_t partial_bytes) {
   size_t hopper = 0, simt = 0, transposes = 0, hopper_tiles = 0;
   for (size_t i = 0; i < problems.size(); ++i) {
     if (paths[i] == Path::kHopper) {
@@ -458,6 +589,8 @@ WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::
   at += AlignUp(hopper_tiles * sizeof(int32_t));
   l.hopper_maps = at;
   at += AlignUp(hopper * 3 * sizeof(CUtensorMap));
+  l.hopper_partials = at;
+  at += AlignUp(partial_bytes);
   l.simt_table = at;
   at += AlignUp(simt * sizeof(DeviceGemmProblem));
   l.simt_offsets = at;
@@ -511,12 +644,50 @@ absl::Status RunCublas(cublasHandle_t handle, const DeviceGemmProblem& p,
   return absl::OkStatus();
 }
 
+// An error naming the first Hopper option out of range.
+absl::Status ValidHopperOptions(const GroupedGemmOptions& o) {
+  if (o.hopper_tile_n != 0 && o.hopper_tile_n != kHopperWideN &&
+      o.hopper_tile_n != kHopperNarrowN && o.hopper_tile_n != kHopperSmallN) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hopper_tile_n must be 0, 64, 128 or 256, not ", o.hopper_tile_n));
+  }
+  if (o.hopper_cluster != 0 && o.hopper_cluster != 1 && o.hopper_cluster != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hopper_cluster must be 0, 1 or 2, not ", o.hopper_cluster));
+  }
+  if (o.hopper_split_k < 0 || o.hopper_split_k > kHopperMaxSplits) {
+    return absl::InvalidArgumentError(absl::StrCat("hopper_split_k must be 0 to ",
+                                                   kHopperMaxSplits, ", not ", o.hopper_split_k));
+  }
+  return absl::OkStatus();
+}
+
+// Workspace bytes of the split-K tail's partial tiles for this batch: none
+// unless it has exactly one Hopper problem (ChooseHopperShape).
+size_t SplitPartialBytes(absl::Span<const DeviceGemmProblem> problems,
+                         const std::vector<Path>& paths, const GroupedGemmOptions& o, int num_sms,
+                         int max_clusters) {
+  const DeviceGemmProblem* lone = nullptr;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    if (paths[i] != Path::kHopper) continue;
+    if (lone != nullptr) return 0;
+    lone = &problems[i];
+  }
+  if (lone == nullptr || !ValidHopperOptions(o).ok()) return 0;
+  const HopperShape shape = ChooseHopperShape({*lone}, o, num_sms, max_clusters);
+  return PartialBytes(shape.split, shape.tile_n);
+}
+
 }  // namespace
 
 size_t GroupedGemmLauncher::WorkspaceBytes(absl::Span<const DeviceGemmProblem> problems,
                                            const GroupedGemmOptions& options) const {
-  return Layout(problems, Plan(problems, options, hopper_), options).total;
+  const std::vector<Path> paths = Plan(problems, options, hopper_);
+  return Layout(problems, paths, options,
+                SplitPartialBytes(problems, paths, options, num_sms_, max_clusters_))
+      .total;
 }
+
 
 absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> problems,
                                       const GroupedGemmOptions& options, void* workspace,
@@ -531,8 +702,10 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
       return absl::InvalidArgumentError("problem dimensions out of range");
     }
   }
+  if (absl::Status s = ValidHopperOptions(options); !s.ok()) return s;
   const std::vector<Path> paths = Plan(problems, options, hopper_);
-  const WorkspaceLayout layout = Layout(problems, paths, options);
+  const WorkspaceLayout layout = Layout(
+      problems, paths, options, SplitPartialBytes(problems, paths, options, num_sms_, max_clusters_));
   if (workspace_bytes < layout.total) {
     return absl::InvalidArgumentError(
         absl::StrCat("workspace of ", workspace_bytes, " bytes, need ", layout.total));
@@ -590,34 +763,16 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     hopper.push_back(p);
   }
   if (!hopper.empty()) {
-    // The tile width with the shortest estimated time (ties: the wider).
-    int tile_n = options.hopper_tile_n;
-    if (tile_n == 0) {
-      tile_n = kHopperWideN;
-      double best = EstimateHopperTime(hopper, options.input, kHopperWideN, num_sms_);
-      for (int n : {kHopperNarrowN, kHopperSmallN}) {
-        const double t = EstimateHopperTime(hopper, options.input, n, num_sms_);
-        if (t < best) {
-          best = t;
-          tile_n = n;
-        }
-      }
-    } else if (tile_n != kHopperWideN && tile_n != kHopperNarrowN && tile_n != kHopperSmallN) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hopper_tile_n must be 0, 64, 128 or 256, not ", tile_n));
-    }
-    // Clusters: pairs of tile rows as one unit.
-    int cluster = options.hopper_cluster;
-    if (cluster != 0 && cluster != 1 && cluster != 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hopper_cluster must be 0, 1 or 2, not ", cluster));
-    }
-    // Pairs are opt-in: measured on the H200 (docs/BENCHMARKS.md) they run
-    // 5-10% slower than single CTAs with the dynamic tile counter, so the
-    // launcher's own choice is single CTAs.
-    if (tile_n != kHopperWideN || max_clusters_ == 0 || cluster == 0) cluster = 1;
-    auto units_of = [&](const DeviceGemmProblem& p) {
+    const HopperShape shape = ChooseHopperShape(hopper, options, num_sms_, max_clusters_);
+    const int tile_n = shape.tile_n;
+    const int cluster = shape.cluster;
+    SplitPlan split = shape.split;
+    auto tiles_of = [&](const DeviceGemmProblem& p) {
       return CeilDivPow2(CeilDiv(p.m, kHopperTileM), cluster) * CeilDivPow2(p.n, tile_n);
+    };
+    // The split tiles of a lone problem count `splits` units each.
+    auto units_of = [&](const DeviceGemmProblem& p) {
+      return tiles_of(p) + (split.splits > 1 ? split.tiles * (split.splits - 1) : 0);
     };
     std::vector<int32_t> offsets(hopper.size() + 1);
     absl::StatusOr<int32_t> total = WriteTileOffsets(hopper, units_of, offsets.data());
@@ -641,11 +796,26 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
       }
       inline_batch.count = static_cast<int>(hopper.size());
     }
+    if (!use_inline && split.splits > 1) {
+      // Only batches in the parameters split (the table sizes its tile
+      // owners for whole tiles): the tile list without the split.
+      split = SplitPlan();
+      total = WriteTileOffsets(hopper, units_of, offsets.data());
+      if (!total.ok()) return total.status();
+    }
     if (use_inline) {
       absl::StatusOr<unsigned int*> counters = impl_->Counters(stream);
       if (!counters.ok()) return counters.status();
       l.inline_batch = &inline_batch;
       l.tile_counter = *counters;
+      if (split.splits > 1) {
+        l.split.problem = 0;
+        l.split.first_tile = static_cast<int>(split.first_tile);
+        l.split.tiles = static_cast<int>(split.tiles);
+        l.split.splits = split.splits;
+        l.split.partials = reinterpret_cast<float*>(ws + layout.hopper_partials);
+        l.split.counters = *counters + 2;
+      }
     } else {
       // Table, offsets, zeroed flags and tile owners, built in pinned
       // staging and sent in one copy. The tensor-map slots after them are
@@ -715,6 +885,8 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     r.hopper_tile = absl::StrCat(kHopperTileM, "x", tile_n, cluster == 2 ? " x2 cluster" : "");
     r.hopper_grid = l.grid;
     r.hopper_inline = use_inline;
+    r.hopper_split_k = split.splits;
+    r.hopper_split_tiles = static_cast<int>(split.tiles);
   }
 
   // ---- SIMT problems ------------------------------------------------------------

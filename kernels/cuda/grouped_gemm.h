@@ -72,6 +72,15 @@ struct GroupedGemmOptions {
   // of a table copied to the workspace first; -1 means the most the kernel
   // takes (kHopperInlineProblems), 0 never. For benchmarks and tests.
   int hopper_inline_problems = -1;
+  // Split-K tail for a batch of one Hopper problem on the persistent grid
+  // (its last, partial wave of tiles run as k-ranges summed at the end, so
+  // that it takes a fraction of a wave): 0 lets the cost model decide, 1
+  // never splits, 2 .. kHopperMaxSplits (kernels.h) asks for that many
+  // k-ranges per tile (fewer where K is short), splitting the last full
+  // wave where there is no partial one. Needs the batch to go in the launch
+  // parameters and single CTAs (hopper_cluster != 2). For benchmarks and
+  // tests.
+  int hopper_split_k = 0;
 };
 
 // What ran, for benchmarks and tests.
@@ -89,6 +98,10 @@ struct LaunchReport {
   int hopper_grid = 0;
   // True when the Hopper batch went in the launch's parameters.
   bool hopper_inline = false;
+  // k-ranges per split tile of the split-K tail (1: none), and how many
+  // tiles were split.
+  int hopper_split_k = 1;
+  int hopper_split_tiles = 0;
 };
 
 class GroupedGemmLauncher {

@@ -333,6 +333,8 @@ struct Params {
   unsigned int* tile_counter;
   unsigned long long epoch;
   DType output;
+  // The split-K tail (kernels.h): problem -1 when there is none.
+  HopperSplit split;
 #ifdef MATMUL_HOPPER_DIAG
   int diag;        // Bits of kDiag* (diagnostic builds only).
   int group_rows;  // Tile-rows per rasterization group (diagnostic builds only).
@@ -401,14 +403,21 @@ struct alignas(16) TileInfo {
   int problem;  // Index in the problem table.
   int m0;       // First row of this CTA's tile.
   int n0;       // First column.
-  int kblocks;  // k-blocks of the problem.
+  int kblocks;  // k-blocks of this unit (of the problem, unless split).
   int flags;    // kInfo* bits.
   float alpha;  // For the TMA-store epilogue.
-  int unused;
+  int kb0;      // The unit's first k-block (0 unless split).
 };
 constexpr int kInfoTransposeA = 1;  // A stored k x m (MN-major).
 constexpr int kInfoTransposeB = 2;  // B stored n x k (K-major).
 constexpr int kInfoTmaStore = 4;    // StoresByTma: the epilogue goes out by TMA.
+// A unit of a split tile (HopperSplit): its index j among the tile's units
+// sits in bits 8-15 of the flags, the tile's index among the split tiles
+// (its slot of partials and counters) in bits 16-31.
+constexpr int kInfoSplit = 8;
+constexpr int kInfoSplitShift = 8;
+constexpr int kInfoSlotShift = 16;
+static_assert(kHopperMaxSplits <= 256 && kHopperMaxSplitTiles <= 65536, "TileInfo flag bits");
 
 template <int BN>
 struct Layout {
@@ -423,7 +432,8 @@ struct Layout {
   static constexpr int kStoreOffset = kStages * kStageBytes;
   // Stages (1024-byte aligned), the store buffers, then the barriers (full
   // and empty per stage, full and empty per info slot), each stage's
-  // TileInfo, the info ring, the loader's count of issued k-blocks, and
+  // TileInfo, the info ring, the loader's count of issued k-blocks and the
+  // consumer warpgroups' split flags (16 bytes), and
   // three 128-byte tensor-map scratch slots (A, B, D) for each warp that
   // builds maps (the scheduler and the two map builders).
   static constexpr int kBarrierOffset = kStoreOffset + 2 * 2 * kStoreBufferBytes;
@@ -447,6 +457,7 @@ struct Smem {
   TileInfo* stage_info;  // Per stage: the tile it starts (read at a tile's first stage).
   TileInfo* info;        // The scheduler-to-loader ring.
   int* issued;           // k-blocks the loader has issued (shared-memory atomics).
+  int* split_last;       // Per consumer warpgroup: it finished its split tile (ReduceSplit).
   CUtensorMap* scratch;  // Map scratch (A, B, D): the scheduler's, then each builder's.
 
   __device__ explicit Smem(uint8_t* base)
@@ -458,6 +469,7 @@ struct Smem {
         stage_info(reinterpret_cast<TileInfo*>(base + Layout<BN>::kStageInfoOffset)),
         info(reinterpret_cast<TileInfo*>(base + Layout<BN>::kInfoOffset)),
         issued(reinterpret_cast<int*>(base + Layout<BN>::kIssuedOffset)),
+        split_last(issued + 1),
         scratch(reinterpret_cast<CUtensorMap*>(base + Layout<BN>::kMapOffset)) {}
 };
 
@@ -466,6 +478,8 @@ struct TileCoord {
   int problem;
   int tile_m;
   int tile_n;
+  int split;  // Unit index among its tile's units (HopperSplit), or -1.
+  int slot;   // The tile's index among the split tiles (when split >= 0).
 };
 
 // With clusters, `tile` numbers a unit of kCluster tile-rows, and tile_m is
@@ -482,7 +496,17 @@ __device__ __forceinline__ TileCoord Locate(const Params& p, int tile) {
     first = __ldg(&p.tile_offsets[prob]);
   }
   const DeviceGemmProblem& pr = Problem(p, prob);
-  const int local = tile - first;
+  int local = tile - first;
+  int split = -1, slot = 0;
+  if constexpr (kCluster == 1) {
+    // The split tail: each of the last tiles is `splits` units in a row.
+    if (prob == p.split.problem && local >= p.split.first_tile) {
+      const int v = local - p.split.first_tile;
+      slot = v / p.split.splits;
+      split = v - slot * p.split.splits;
+      local = p.split.first_tile + slot;
+    }
+  }
   const int tiles_m = static_cast<int>((pr.m + kCluster * kBM - 1) / (kCluster * kBM));
   const int tiles_n = static_cast<int>((pr.n + BN - 1) / BN);
   const int group_rows = GroupRows(p);
@@ -491,7 +515,7 @@ __device__ __forceinline__ TileCoord Locate(const Params& p, int tile) {
   const int first_m = group * group_rows;
   const int rows = min(tiles_m - first_m, group_rows);
   const int in_group = local - group * per_group;
-  return {prob, first_m + in_group % rows, in_group / rows};
+  return {prob, first_m + in_group % rows, in_group / rows, split, slot};
 }
 
 __device__ __forceinline__ int OutputSize(DType output) {
@@ -707,7 +731,12 @@ __device__ void Schedule(const Params& p, const Smem<BN>& sm) {
       BuildMaps<T, kCluster>(p, t.problem, sm.scratch);
       built = t.problem;
     }
-    const int kblocks = static_cast<int>((pr.k + BK - 1) / BK);
+    int kblocks = static_cast<int>((pr.k + BK - 1) / BK);
+    int kb0 = 0;
+    if (t.split >= 0) {  // k-blocks [j K / splits, (j + 1) K / splits).
+      kb0 = t.split * kblocks / p.split.splits;
+      kblocks = (t.split + 1) * kblocks / p.split.splits - kb0;
+    }
     if (lane == 0) {
       TileInfo ti;
       ti.tile = tile;
@@ -716,9 +745,12 @@ __device__ void Schedule(const Params& p, const Smem<BN>& sm) {
       ti.n0 = t.tile_n * BN;
       ti.kblocks = kblocks;
       ti.flags = (pr.transpose_a ? kInfoTransposeA : 0) | (pr.transpose_b ? kInfoTransposeB : 0) |
-                 (StoresByTma(p, pr) ? kInfoTmaStore : 0);
+                 (StoresByTma(p, pr) ? kInfoTmaStore : 0) |
+                 (t.split >= 0 ? kInfoSplit | (t.split << kInfoSplitShift) |
+                                     (t.slot << kInfoSlotShift)
+                               : 0);
       ti.alpha = static_cast<float>(pr.alpha);
-      ti.unused = 0;
+      ti.kb0 = kb0;
       sm.info[slot] = ti;
       MbarArrive(&sm.info_full[slot]);  // Releases the slot's contents.
     }
@@ -771,8 +803,8 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
       if (Diag(p, kDiagNoLoads) && seq >= L::kStages) {
         MbarArrive(&sm.full[s]);
       } else {
-        IssueStage<T, BN, kCluster>(ti.flags, map_a, map_b, sm.stages, sm.full, s, kb, ti.m0,
-                                    ti.n0, rank);
+        IssueStage<T, BN, kCluster>(ti.flags, map_a, map_b, sm.stages, sm.full, s, ti.kb0 + kb,
+                                    ti.m0, ti.n0, rank);
       }
       atomicAdd(sm.issued, 1);
     }
@@ -977,8 +1009,67 @@ __device__ __forceinline__ TileInfo ReadTileInfo(const TileInfo* info) {
   ti.kblocks = v[4];
   ti.flags = v[5];
   ti.alpha = __int_as_float(v[6]);
-  ti.unused = v[7];
+  ti.kb0 = v[7];
   return ti;
+}
+
+// Consumer warpgroup `wg`, after the main loop of a split tile's unit
+// (HopperSplit): writes its 64 x BN float32 partial to the unit's slot and
+// counts itself in on the tile's counter for this warpgroup. True for the
+// last of the tile's units to get there: its accumulators then hold the sum
+// of every unit's partial, added in unit order (0, 1, ...) so that the
+// result is the same whichever unit finished last, and it runs the
+// epilogue; it also sets the counter back to zero for the next launch.
+// False for the others, which are done with the tile. Each thread keeps its
+// own accumulators' places (float4 i of thread t at i * 128 + t), so that
+// every access is coalesced.
+template <int BN>
+__device__ __forceinline__ bool ReduceSplit(const Params& p, int flags, float (&acc)[BN / 2],
+                                            int wg, int* last_flag) {
+  constexpr int kVecs = BN / 8;           // float4s a thread holds.
+  constexpr int kPiece = kVecs * 128;     // float4s of one warpgroup's partial.
+  const int t = threadIdx.x & 127;
+  const int splits = p.split.splits;
+  const int unit = (flags >> kInfoSplitShift) & 0xff;
+  const int slot = static_cast<int>(static_cast<unsigned>(flags) >> kInfoSlotShift);
+  // A tile's partials: unit-major, then warpgroup.
+  float4* tile_partials =
+      reinterpret_cast<float4*>(p.split.partials) + static_cast<size_t>(slot) * splits * 2 * kPiece;
+  float4* mine = tile_partials + (unit * 2 + wg) * kPiece + t;
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    __stcg(mine + i * 128, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+  }
+  __threadfence();  // This thread's partial before the count below.
+  NamedBarrier(1 + wg, 128);
+  if (t == 0) {
+    unsigned int* counter = p.split.counters + 2 * slot + wg;
+    const bool last = atomicAdd(counter, 1u) == static_cast<unsigned>(splits - 1);
+    if (last) atomicExch(counter, 0u);  // Every unit has counted: ready for the next launch.
+    *last_flag = last;
+  }
+  NamedBarrier(1 + wg, 128);
+  if (*last_flag == 0) return false;
+  __threadfence();  // The other units' partials after their counts.
+  // Unit 0's partial, then each later one added in unit order. (The
+  // compiler keeps as many loads in flight as the registers beside the
+  // accumulators allow; a fence between groups of loads, tried first, made
+  // the sum latency-bound: about six k-blocks' time per partial.)
+  const float4* piece = tile_partials + wg * kPiece + t;
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const float4 v = __ldcg(piece + i * 128);
+    acc[4 * i] = v.x, acc[4 * i + 1] = v.y, acc[4 * i + 2] = v.z, acc[4 * i + 3] = v.w;
+  }
+  for (int u = 1; u < splits; ++u) {
+    piece += 2 * kPiece;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const float4 v = __ldcg(piece + i * 128);
+      acc[4 * i] += v.x, acc[4 * i + 1] += v.y, acc[4 * i + 2] += v.z, acc[4 * i + 3] += v.w;
+    }
+  }
+  return true;
 }
 
 template <typename T, int BN, int kCluster>
@@ -1020,6 +1111,13 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
       }
     }
     if (Diag(p, kDiagNoStores)) continue;
+    if constexpr (kCluster == 1) {
+      // (sm.split_last, from `stages`: one pointer fewer to keep in registers.)
+      int* last_flag = reinterpret_cast<int*>(stages + L::kIssuedOffset) + 1 + wg;
+      if ((ti.flags & kInfoSplit) && !ReduceSplit<BN>(p, ti.flags, acc, wg, last_flag)) {
+        continue;  // Another unit of the tile finishes it.
+      }
+    }
     const int row0 = ti.m0 + wg * 64;
     const int col0 = ti.n0;
     if (ti.flags & kInfoTmaStore) {
@@ -1149,6 +1247,7 @@ cudaError_t Launch(const HopperLaunch& l) {
   p.tile_counter = l.tile_counter;
   p.epoch = l.epoch;
   p.output = l.output;
+  p.split = l.split;
 #ifdef MATMUL_HOPPER_DIAG
   const char* diag = std::getenv("MATMUL_HOPPER_DIAG");
   p.diag = diag != nullptr ? std::atoi(diag) : 0;
@@ -1200,6 +1299,12 @@ cudaError_t HopperMaxActiveClusters(int* clusters) {
 
 cudaError_t LaunchHopperGemm(const HopperLaunch& l) {
   if (l.total_tiles == 0) return cudaSuccess;
+  if (l.split.problem >= 0 &&
+      (l.cluster != 1 || l.split.splits < 2 || l.split.splits > kHopperMaxSplits ||
+       l.split.tiles < 1 || l.split.tiles > kHopperMaxSplitTiles || l.split.first_tile < 0 ||
+       l.split.partials == nullptr || l.split.counters == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   if (l.cluster == 2) {
     if (l.tile_n != kHopperWideN || l.grid % 2 != 0) return cudaErrorInvalidValue;
     return LaunchForInput<256, 2>(l);

@@ -67,6 +67,33 @@ struct HopperInlineBatch {
 cudaError_t EncodeHopperMaps(DType input, DType output, int tile_n, int cluster,
                              const DeviceGemmProblem& p, CUtensorMap maps[3]);
 
+// Split-K tail: the persistent grid runs a problem's tiles in whole waves
+// of one tile per SM, so a problem of 153 tiles on 132 SMs takes two waves
+// for 1.16 waves of work (measured on the H200: 2056^3 ran at 0.44x
+// cuBLAS). The launcher may split the last `tiles` tiles of one problem
+// (the last, partial wave) into `splits` units each, unit j taking k-blocks
+// [j K / splits, (j + 1) K / splits): the tail then takes about 1/splits of
+// a wave. Each unit writes its float32 partial tile to `partials`; the last
+// of a tile's units to finish (a counter per tile and consumer warpgroup)
+// sums all of them in the order j = 0, 1, ... (so the result does not
+// depend on which finished last) and runs the epilogue. Nothing waits on
+// another CTA, so the grid needs no co-residency.
+inline constexpr int kHopperMaxSplits = 16;
+// Split tiles a launch may have (one counter pair each per stream).
+inline constexpr int kHopperMaxSplitTiles = 1024;
+
+struct HopperSplit {
+  int problem = -1;     // The problem whose tail is split; -1: none.
+  int first_tile = 0;   // Its first split tile (the rest of its tiles are).
+  int tiles = 0;        // Split tiles (at most kHopperMaxSplitTiles).
+  int splits = 1;       // Units per split tile, 2 .. kHopperMaxSplits.
+  // tiles * splits partial tiles of kHopperTileM x tile_n floats, device memory.
+  float* partials = nullptr;
+  // 2 per split tile (one per consumer warpgroup): zero before the launch,
+  // and set back to zero by the launch.
+  unsigned int* counters = nullptr;
+};
+
 struct HopperLaunch {
   DType input = DType::kBFloat16;  // kFloat32 means TF32
   DType output = DType::kBFloat16;
@@ -101,6 +128,8 @@ struct HopperLaunch {
   // the launch and that the grid sets back to zero when it is done, so that
   // consecutive launches on one stream reuse them with nothing in between.
   const HopperInlineBatch* inline_batch = nullptr;
+  // The split-K tail, if any (single CTAs only: cluster 1).
+  HopperSplit split;
   cudaStream_t stream = nullptr;
 };
 

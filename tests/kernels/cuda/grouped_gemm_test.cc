@@ -52,6 +52,7 @@ class GroupedGemmTest : public ::testing::Test {
     o.hopper_tile_n = tile_n_;
     o.hopper_cluster = cluster_;
     o.hopper_inline_problems = inline_;
+    o.hopper_split_k = split_k_;
     LaunchReport report;
     Run(batch, o, &report);
     const double bound = ErrorBound(in, out, precision);
@@ -86,6 +87,8 @@ class GroupedGemmTest : public ::testing::Test {
   // Largest batch RunAndCheck lets go in the launch parameters (-1: the
   // launcher's limit).
   int inline_ = -1;
+  // GroupedGemmOptions::hopper_split_k for RunAndCheck (0: the launcher's choice).
+  int split_k_ = 0;
   std::unique_ptr<GroupedGemmLauncher> launcher_;
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;
@@ -350,6 +353,121 @@ TEST_F(GroupedGemmTest, ChosenTileWidths) {
     if (launcher_->has_hopper_kernels()) {
       EXPECT_FALSE(report.hopper_tile.empty()) << s;
       std::printf("square %lld: tiles %s\n", static_cast<long long>(s), report.hopper_tile.c_str());
+    }
+  }
+}
+
+// The split-K tail (GroupedGemmOptions::hopper_split_k): a lone problem's
+// last tiles run as k-ranges whose float32 partials the last range to
+// finish sums. Asked-for splits on every tile width, input and output type,
+// with and without C (the register epilogue and TMA stores), transposed
+// operands, K that does not divide evenly, and K too short to split; then
+// the cost model's own choice on shapes whose last wave is nearly empty.
+TEST_F(GroupedGemmTest, SplitKTails) {
+  struct Case {
+    int64_t m, n, k;
+    bool ta, tb;
+    double beta;
+  };
+  // Leading dimensions stay 16-byte aligned (a transposed A has m per
+  // row, a transposed B k), so that every case takes the Hopper kernel.
+  const Case cases[] = {{300, 520, 2000, false, false, 0.0},
+                        {336, 264, 1000, true, false, 0.5},
+                        {129, 264, 704, false, true, 0.0},
+                        {2056, 136, 136, true, true, -1.0},
+                        {65, 64, 40, false, false, 0.0}};  // One k-block: no split.
+  for (const TypeCase& t : {kTypes[0], kTypes[1], kTypes[2]}) {
+    std::vector<DType> outs = {t.out};
+    if (t.out != DType::kFloat32) outs.push_back(DType::kFloat32);
+    // Every split count for bf16; one (uneven k-ranges) for the others.
+    const std::vector<int> all_splits =
+        t.in == DType::kBFloat16 ? std::vector<int>{2, 3, 16} : std::vector<int>{3};
+    for (DType out : outs) {
+      for (int width : {256, 128, 64}) {
+        for (int splits : all_splits) {
+          tile_n_ = width;
+          split_k_ = splits;
+          for (const Case& c : cases) {
+            const HostProblem h =
+                MakeHostProblem(c.m, c.n, c.k, t.in, out, rng_, c.ta, c.tb, 1.25, c.beta);
+            const std::string what = absl::StrCat(c.m, "x", c.n, "x", c.k, " ", DTypeName(t.in),
+                                                  "->", DTypeName(out), " width ", width,
+                                                  " splits ", splits);
+            // Sampled where the reference is long (every element is still
+            // checked to be finite: unwritten ones are NaN).
+            const LaunchReport report =
+                RunAndCheck({h}, t.in, out, t.precision, KernelFamily::kPersistent,
+                            c.k >= 2000 ? 4096 : 0, what);
+            if (!launcher_->has_hopper_kernels()) continue;
+            ASSERT_EQ(report.hopper_problems, 1) << what;
+            const int64_t bk = t.in == DType::kFloat32 ? 32 : 64;
+            const int64_t most = std::min<int64_t>(splits, (c.k + bk - 1) / bk);
+            EXPECT_EQ(report.hopper_split_k, most > 1 ? most : 1) << what;
+            if (report.hopper_split_k > 1) EXPECT_GT(report.hopper_split_tiles, 0) << what;
+          }
+        }
+      }
+    }
+  }
+  // The cost model's choice, and splitting turned off, on shapes of a
+  // nearly empty last wave (and one of fewer tiles than SMs).
+  tile_n_ = 0;
+  for (int splits : {0, 1}) {
+    split_k_ = splits;
+    for (const auto& s : std::vector<std::array<int64_t, 3>>{
+             {2056, 2056, 2056}, {1032, 4096, 4096}, {1024, 1024, 1024}, {2600, 3400, 2200}}) {
+      const LaunchReport report = RunAndCheck(
+          {MakeHostProblem(s[0], s[1], s[2], DType::kBFloat16, DType::kBFloat16, rng_)},
+          DType::kBFloat16, DType::kBFloat16, Precision::kDefault, KernelFamily::kPersistent, 4096,
+          absl::StrCat(s[0], "x", s[1], "x", s[2], " split_k ", splits));
+      if (!launcher_->has_hopper_kernels()) continue;
+      if (splits == 1) EXPECT_EQ(report.hopper_split_k, 1);
+      std::printf("%lldx%lldx%lld split_k option %d: tiles %s, split %d ways on %d tiles\n",
+                  static_cast<long long>(s[0]), static_cast<long long>(s[1]),
+                  static_cast<long long>(s[2]), splits, report.hopper_tile.c_str(),
+                  report.hopper_split_k, report.hopper_split_tiles);
+    }
+  }
+  tile_n_ = 0;
+  split_k_ = 0;
+}
+
+// Split tiles count their units on per-stream counters that the launch
+// sets back to zero, and the last unit sums the partials in a fixed order:
+// hundreds of launches in a row, with different splits and batches through
+// a table in between, give bit-identical results for each split. A counter
+// left non-zero would make the wrong unit finish a tile (poison or a
+// partial sum), and an order that depended on timing would move the bits.
+TEST_F(GroupedGemmTest, SplitKRepeatsBitIdentical) {
+  if (!launcher_->has_hopper_kernels()) GTEST_SKIP() << "no sm_90a GPU: no split-K tail";
+  const std::vector<HostProblem> host = {
+      MakeHostProblem(1000, 1100, 3000, DType::kBFloat16, DType::kFloat32, rng_, false, true)};
+  DeviceBatch batch(host, DType::kBFloat16, DType::kFloat32);
+  GroupedGemmOptions o;
+  o.input = DType::kBFloat16;
+  o.output = DType::kFloat32;
+  o.hopper_tile_n = 128;
+  const int splits[] = {3, 7, 16};
+  std::vector<uint8_t> first[3];
+  for (int rep = 0; rep < 240; ++rep) {
+    const int w = rep % 3;
+    o.hopper_split_k = splits[w];
+    // Every tenth launch through a table: no split, and the counters untouched.
+    o.hopper_inline_problems = rep % 10 == 9 ? 0 : -1;
+    const DeviceGemmProblem& p = batch.problems()[0];
+    ASSERT_EQ(cudaMemset(p.d, 0xff, p.m * p.n * 4), cudaSuccess);
+    LaunchReport report;
+    Run(batch, o, &report);
+    ASSERT_EQ(report.hopper_split_k, rep % 10 == 9 ? 1 : splits[w]) << "launch " << rep;
+    if (rep % 10 == 9) continue;
+    std::vector<uint8_t> d = batch.Download(0);
+    if (first[w].empty()) {
+      EXPECT_LE(CheckAgainstReference(host[0], d, o.input, o.output), 1e-2)
+          << "splits " << splits[w];
+      first[w] = std::move(d);
+    } else {
+      ASSERT_EQ(d, first[w]) << "launch " << rep << " (splits " << splits[w]
+                             << ") differs from the first";
     }
   }
 }
