@@ -48,6 +48,12 @@
 // Measured on the H200 (docs/BENCHMARKS.md): the register epilogue cost
 // 8-12% of a large problem's time, more for small grouped problems.
 //
+// Split-K tail (HopperSplit, kernels.h): a lone problem's last tiles may
+// come as several units each, one per k-range. A unit's consumers write
+// their float32 partial to the workspace and count themselves on the
+// tile's counter (ReduceSplit); the last unit sums all partials in unit
+// order and runs the epilogue, the others go on to their next unit.
+//
 // Tensor maps: TMA needs one map per operand (A, B and, for TMA stores, D).
 // The host encodes templates (box, swizzle, element type) once; a warp
 // patches a copy with the problem's address, sizes and stride
