@@ -410,11 +410,10 @@ double TileRate(int tile_n) {
 // of EstimateHopperTime.
 constexpr double kPerTile = 2.0;
 // Cost of one 128 x 256 float32 partial tile (128 KiB) of a split tile, in
-// the same units: a unit writes one, the last unit reads every unit's back
-// through registers. Measured on the H200 (docs/BENCHMARKS.md, split-K
-// round) at 5-7 (4 on long K): the loads that fit beside the accumulators
-// keep too few bytes in flight for more than a few tens of GB/s per SM, so
-// a split pays only where K is long.
+// the same units: a unit writes one, the last unit reads every unit's.
+// Measured on the H200 (docs/BENCHMARKS.md, split-K round) at 5-7 (4 on
+// long K), whichever way the last unit sums them, so a split pays only
+// where K is long.
 constexpr double kPerPartial = 6.0;
 
 int64_t KBlocks(const DeviceGemmProblem& p, DType input) {

@@ -1057,10 +1057,11 @@ __device__ __forceinline__ bool ReduceSplit(const Params& p, int flags, float (&
   NamedBarrier(1 + wg, 128);
   if (*last_flag == 0) return false;
   __threadfence();  // The other units' partials after their counts.
-  // Unit 0's partial, then each later one added in unit order. (The
-  // compiler keeps as many loads in flight as the registers beside the
-  // accumulators allow; a fence between groups of loads, tried first, made
-  // the sum latency-bound: about six k-blocks' time per partial.)
+  // Unit 0's partial, then each later one added in unit order. (A split
+  // tile costs about six k-blocks' time per partial on the H200, and not
+  // because of these loads: fences between groups of them, or the sum
+  // done box by box in the TMA epilogue, measured the same;
+  // docs/BENCHMARKS.md, seventh round.)
   const float4* piece = tile_partials + wg * kPiece + t;
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
