@@ -420,6 +420,15 @@ int64_t KBlocks(const DeviceGemmProblem& p, DType input) {
   return CeilDivPow2(p.k, 128 / static_cast<int64_t>(ElementSize(input)));
 }
 
+// Tiles of width `tile_n` (single CTAs) that cover `p`.
+int64_t HopperTiles(const DeviceGemmProblem& p, int tile_n) {
+  return CeilDiv(p.m, kHopperTileM) * CeilDivPow2(p.n, tile_n);
+}
+
+// Time of one k-block of a tile of width `tile_n`, in the units of
+// EstimateHopperTime.
+double KBlockCost(int tile_n) { return tile_n / 256.0 / TileRate(tile_n); }
+
 // The split-K tail of a single problem (HopperSplit).
 struct SplitPlan {
   int splits = 1;          // Units per split tile; 1: no split.
@@ -435,8 +444,8 @@ struct SplitPlan {
 // there is no partial one.
 std::pair<double, SplitPlan> PlanSingle(const DeviceGemmProblem& p, DType input, int tile_n,
                                         int num_sms, int splits) {
-  const double per_kblock = tile_n / 256.0 / TileRate(tile_n);
-  const int64_t tiles = CeilDiv(p.m, kHopperTileM) * CeilDivPow2(p.n, tile_n);
+  const double per_kblock = KBlockCost(tile_n);
+  const int64_t tiles = HopperTiles(p, tile_n);
   const int64_t kblocks = KBlocks(p, input);
   const double tile_cost = static_cast<double>(kblocks) * per_kblock + kPerTile;
   const int64_t waves = tiles / num_sms, tail = tiles % num_sms;
@@ -486,10 +495,10 @@ double EstimateHopperTime(const std::vector<DeviceGemmProblem>& problems, DType 
   if (problems.size() == 1) {
     return PlanSingle(problems[0], input, tile_n, num_sms, split_tail ? 0 : 1).first;
   }
-  const double per_kblock = tile_n / 256.0 / TileRate(tile_n);
+  const double per_kblock = KBlockCost(tile_n);
   // Tiles of `p` and the cost of each.
   auto tiles_and_cost = [&](const DeviceGemmProblem& p) {
-    return std::pair{CeilDiv(p.m, kHopperTileM) * CeilDivPow2(p.n, tile_n),
+    return std::pair{HopperTiles(p, tile_n),
                      static_cast<double>(KBlocks(p, input)) * per_kblock + kPerTile};
   };
   int64_t tiles = 0;

@@ -463,7 +463,6 @@ struct Smem {
   TileInfo* stage_info;  // Per stage: the tile it starts (read at a tile's first stage).
   TileInfo* info;        // The scheduler-to-loader ring.
   int* issued;           // k-blocks the loader has issued (shared-memory atomics).
-  int* split_last;       // Per consumer warpgroup: it finished its split tile (ReduceSplit).
   CUtensorMap* scratch;  // Map scratch (A, B, D): the scheduler's, then each builder's.
 
   __device__ explicit Smem(uint8_t* base)
@@ -475,7 +474,6 @@ struct Smem {
         stage_info(reinterpret_cast<TileInfo*>(base + Layout<BN>::kStageInfoOffset)),
         info(reinterpret_cast<TileInfo*>(base + Layout<BN>::kInfoOffset)),
         issued(reinterpret_cast<int*>(base + Layout<BN>::kIssuedOffset)),
-        split_last(issued + 1),
         scratch(reinterpret_cast<CUtensorMap*>(base + Layout<BN>::kMapOffset)) {}
 };
 
@@ -1119,7 +1117,8 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
     }
     if (Diag(p, kDiagNoStores)) continue;
     if constexpr (kCluster == 1) {
-      // (sm.split_last, from `stages`: one pointer fewer to keep in registers.)
+      // This warpgroup's split flag: the ints after the loader's count
+      // (Layout), addressed from `stages`, which the consumers hold anyway.
       int* last_flag = reinterpret_cast<int*>(stages + L::kIssuedOffset) + 1 + wg;
       if ((ti.flags & kInfoSplit) && !ReduceSplit<BN>(p, ti.flags, acc, wg, last_flag)) {
         continue;  // Another unit of the tile finishes it.
