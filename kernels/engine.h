@@ -23,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/dtype.h"
+#include "kernels/host_buffer.h"
 
 namespace matmul {
 
@@ -87,6 +88,11 @@ struct GemmProblem {
   const ResidentMatrix* b_resident = nullptr;
   const ResidentMatrix* c_resident = nullptr;
   ResidentMatrix* d_resident = nullptr;
+  // Which host operands (and the host result d) live in page-locked
+  // memory from this engine's HostBuffers() pool, with the same bits as
+  // `resident`: an engine may copy them to or from its device directly
+  // instead of staging them. A hint only; results are the same without it.
+  uint32_t host_pinned = 0;
 };
 
 // Floating-point operations of one problem (2*m*n*k).
@@ -152,6 +158,11 @@ class Engine {
   virtual bool Healthy() const { return true; }
 
   virtual EngineStats Stats() const { return {}; }
+
+  // Where callers should put large host operands and results for this
+  // engine (see host_buffer.h); null when plain heap memory is as good (the
+  // CPU engine). Lives as long as the process.
+  virtual HostBufferPool* HostBuffers() const { return nullptr; }
 
   // Makes a rows x cols `dtype` matrix in this engine's memory, filled from
   // `host` (dense, row-major) unless `host` is null. RESOURCE_EXHAUSTED when

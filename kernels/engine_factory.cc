@@ -31,6 +31,7 @@ absl::StatusOr<EngineSet> CreateGpuEngines(const EngineOptions& options) {
   CudaEngineOptions cuda;
   cuda.devices = options.cuda_devices;
   cuda.memory_fraction = options.gpu_memory_fraction;
+  cuda.pinned_host_bytes = options.pinned_host_bytes;
   cuda.resident_bytes = options.gpu_resident_bytes;
   cuda.kernels = options.cuda_kernels;
   cuda.host_wait = options.cuda_host_wait;

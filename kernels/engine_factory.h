@@ -27,6 +27,10 @@ struct EngineOptions {
   // Of that share, device memory per engine kept apart for resident
   // matrices (the CPU engine keeps them in host memory instead).
   uint64_t gpu_resident_bytes = 0;
+  // Most bytes of pinned host memory that requests' large operands and
+  // results are parsed into and written to (one pool for all GPUs); past
+  // it they use the heap and are staged. 0: no pool.
+  uint64_t pinned_host_bytes = 0;
   // CUDA kernel family: "persistent" (our grouped persistent kernels),
   // "nonpersistent" (same tiles, one CTA per tile) or "cublas".
   std::string cuda_kernels = "persistent";

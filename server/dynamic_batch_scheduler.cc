@@ -288,9 +288,10 @@ void DynamicBatchScheduler::RunBatch(int device, Batch batch) {
       if (!status[i].ok()) continue;
     }
     if (job.output != nullptr) {
-      status[i] = job.output->Allocate(job.output_bytes);
+      status[i] = job.output->Allocate(job.output_bytes, engine->HostBuffers());
       if (!status[i].ok()) continue;
       job.problem.d = job.output->data();
+      if (job.output->pinned()) job.problem.host_pinned |= kResidentD;
     }
     problems.push_back(job.problem);
     runnable.push_back(i);

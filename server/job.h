@@ -16,7 +16,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <new>
 #include <string>
 #include <vector>
 
@@ -25,37 +24,36 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "kernels/engine.h"
+#include "kernels/host_buffer.h"
 
 namespace matmul::server {
 
 // The bytes of one result. The worker allocates them just before the engine
-// runs, without zeroing them (the engine writes every byte), and the service
-// hands them to gRPC as they are: the result is not copied again on its way
-// to the wire (see wire_codec.h).
+// runs, without zeroing them (the engine writes every byte), from the
+// engine's host buffer pool (pinned memory the device writes directly), and
+// the service hands them to gRPC as they are: the result is not copied again
+// on its way to the wire (see wire_codec.h).
 class ResultBuffer {
  public:
-  // Makes room for `bytes`; RESOURCE_EXHAUSTED when memory can't be had.
-  absl::Status Allocate(size_t bytes) {
-    data_.reset(new (std::nothrow) char[bytes == 0 ? 1 : bytes]);
-    if (data_ == nullptr) {
-      size_ = 0;
+  // Makes room for `bytes` from `pool` (null: the heap); RESOURCE_EXHAUSTED
+  // when memory can't be had.
+  absl::Status Allocate(size_t bytes, HostBufferPool* pool = nullptr) {
+    buffer_ = HostBuffer::Allocate(pool, bytes);
+    if (buffer_.data() == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate ", bytes, " bytes for the result"));
     }
-    size_ = bytes;
     return absl::OkStatus();
   }
-  char* data() const { return data_.get(); }
-  size_t size() const { return size_; }
-  // Gives the bytes up (they are freed with delete[]); empty afterwards.
-  std::unique_ptr<char[]> Release() {
-    size_ = 0;
-    return std::move(data_);
-  }
+  char* data() const { return static_cast<char*>(buffer_.data()); }
+  size_t size() const { return buffer_.size(); }
+  // Page-locked (see GemmProblem::host_pinned).
+  bool pinned() const { return buffer_.pinned(); }
+  // Gives the bytes up; empty afterwards.
+  HostBuffer Release() { return std::move(buffer_); }
 
  private:
-  std::unique_ptr<char[]> data_;
-  size_t size_ = 0;
+  HostBuffer buffer_;
 };
 
 // How a job ended.

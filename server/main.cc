@@ -39,6 +39,11 @@ ABSL_FLAG(std::string, devices, "",
           "ordinal (0,0) runs several workers on one GPU.");
 ABSL_FLAG(double, gpu_memory_fraction, 0.8,
           "Share of each GPU's free memory taken for the engine's pool at start-up.");
+ABSL_FLAG(int64_t, pinned_host_bytes, 0,
+          "Most bytes of pinned (page-locked) host memory, shared by all GPUs, that large "
+          "operands are parsed into and results written to, so that they reach the GPU without "
+          "a staging copy. Past it requests use ordinary memory and are staged. 0 (default): none; "
+          "it speeds large and medium requests but costs small ones (docs/BENCHMARKS.md).");
 ABSL_FLAG(std::string, cuda_kernels, "persistent",
           "CUDA kernels: persistent (grouped persistent kernels), nonpersistent, or cublas.");
 ABSL_FLAG(std::string, cuda_host_wait, "auto",
@@ -162,6 +167,7 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   config.engine.cuda_devices = *devices;
   config.engine.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   config.engine.cuda_kernels = absl::GetFlag(FLAGS_cuda_kernels);
+  config.engine.pinned_host_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_pinned_host_bytes));
   config.engine.cuda_host_wait = absl::GetFlag(FLAGS_cuda_host_wait);
   config.engine.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
   config.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
@@ -185,7 +191,8 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
         {"resident_bytes", absl::GetFlag(FLAGS_resident_bytes)},
         {"resident_bytes_per_client", absl::GetFlag(FLAGS_resident_bytes_per_client)},
         {"resident_default_ttl_s", absl::GetFlag(FLAGS_resident_default_ttl_s)},
-        {"resident_max_ttl_s", absl::GetFlag(FLAGS_resident_max_ttl_s)}}) {
+        {"resident_max_ttl_s", absl::GetFlag(FLAGS_resident_max_ttl_s)},
+        {"pinned_host_bytes", absl::GetFlag(FLAGS_pinned_host_bytes)}}) {
     if (absl::Status s = non_negative(name, value); !s.ok()) return s;
   }
   config.queue.max_batch_size = static_cast<size_t>(absl::GetFlag(FLAGS_max_batch_size));

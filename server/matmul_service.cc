@@ -62,10 +62,12 @@ class MatmulServiceImpl::UnaryCall final : public grpc::ServerUnaryReactor {
       End(client.status());
       return;
     }
-    if (absl::Status parsed = ParseMultiplyRequest(*request, &request_); !parsed.ok()) {
+    if (absl::Status parsed = ParseMultiplyRequest(*request, service_->options_.host_buffers,
+                                                   &request_, &operands_);
+        !parsed.ok()) {
       service_->metrics_->Rejected(parsed.code() == absl::StatusCode::kCancelled
                                        ? RejectReason::kCancelled
-                                       : RejectReason::kInvalid);
+                                       : ReasonFor(parsed));
       End(parsed);
       return;
     }
@@ -76,9 +78,12 @@ class MatmulServiceImpl::UnaryCall final : public grpc::ServerUnaryReactor {
     client_ = *std::move(client);
     service_->metrics_->AddInflight(1);
     const absl::Status status = service_->Submit(
-        client_, request_, &response_, &result_, arrival_,
+        client_, request_, operands_, &response_, &result_, arrival_,
         service_->DeadlineFor(*context, arrival_), &job_id_, [this](const JobOutcome& outcome) {
           if (outcome.status.ok()) FillTiming(outcome, arrival_, response_.mutable_timing());
+          // The engine is done with them: back to the pool now, not when
+          // gRPC is done with the call.
+          operands_ = InlineOperands();
           service_->metrics_->AddInflight(-1);
           service_->Release(client_);
           End(outcome.status);
@@ -110,8 +115,10 @@ class MatmulServiceImpl::UnaryCall final : public grpc::ServerUnaryReactor {
   MatmulServiceImpl* const service_;
   // Owned by gRPC; valid until OnDone. Written once, when the call ends.
   grpc::ByteBuffer* const wire_response_;
-  // The parsed request; the job points into its operands.
+  // The parsed request and the payloads moved out of it; the job points
+  // into both.
   MultiplyRequest request_;
+  InlineOperands operands_;
   // The response but for the result's bytes.
   MultiplyResponse response_;
   // The result's bytes, written by the engine.
@@ -185,10 +192,11 @@ class MatmulServiceImpl::StreamCall final
     std::unique_ptr<Item> item = std::move(reading_item_);
     item->arrival = absl::Now();
     service_->metrics_->BytesReceived(item->wire_request.Length());
-    absl::Status status = ParseMultiplyRequest(item->wire_request, &item->request);
+    absl::Status status = ParseMultiplyRequest(
+        item->wire_request, service_->options_.host_buffers, &item->request, &item->operands);
     item->wire_request.Clear();
     if (!status.ok()) {
-      service_->metrics_->Rejected(RejectReason::kInvalid);
+      service_->metrics_->Rejected(ReasonFor(status));
     } else {
       item->response.set_request_id(item->request.request_id());
       status = draining_ || finished_ ? ShuttingDown() : service_->Admit(client_);
@@ -197,7 +205,7 @@ class MatmulServiceImpl::StreamCall final
       Item* raw = item.get();
       service_->metrics_->AddInflight(1);
       status = service_->Submit(
-          client_, raw->request, &raw->response, &raw->result, raw->arrival,
+          client_, raw->request, raw->operands, &raw->response, &raw->result, raw->arrival,
           service_->DeadlineFor(*context_, raw->arrival), &raw->job_id,
           [this, raw](const JobOutcome& outcome) { OnJobDone(raw, outcome); });
       if (status.ok()) {
@@ -267,9 +275,10 @@ class MatmulServiceImpl::StreamCall final
 
  private:
   struct Item {
-    // As read; parsed into `request`, then cleared.
+    // As read; parsed into `request` and `operands`, then cleared.
     grpc::ByteBuffer wire_request;
     MultiplyRequest request;
+    InlineOperands operands;
     // The answer but for the result's bytes, which the engine writes to
     // `result`; both become `wire_response` when the item ends.
     MultiplyResponse response;
@@ -288,6 +297,7 @@ class MatmulServiceImpl::StreamCall final
       auto it = running_.find(raw->job_id);
       std::unique_ptr<Item> item = std::move(it->second);
       running_.erase(it);
+      item->operands = InlineOperands();  // The engine is done with them.
       if (outcome.status.ok()) FillTiming(outcome, item->arrival, item->response.mutable_timing());
       QueueAnswerLocked(std::move(item), outcome.status);
       StartNextReadLocked();
@@ -779,6 +789,7 @@ absl::Time MatmulServiceImpl::DeadlineFor(const grpc::CallbackServerContext& con
 }
 
 absl::Status MatmulServiceImpl::Submit(const std::string& client, const MultiplyRequest& request,
+                                       const InlineOperands& operands,
                                        MultiplyResponse* response, ResultBuffer* result,
                                        absl::Time arrival, absl::Time deadline, uint64_t* job_id,
                                        absl::AnyInvocable<void(const JobOutcome&)> done) {
@@ -805,7 +816,7 @@ absl::Status MatmulServiceImpl::Submit(const std::string& client, const Multiply
     };
   }
   absl::StatusOr<ValidatedRequest> validated =
-      ValidateMultiplyRequest(request, options_.limits, lookup, shm);
+      ValidateMultiplyRequest(request, options_.limits, lookup, shm, &operands);
   if (!validated.ok()) {
     metrics_->Rejected(ReasonFor(validated.status()));
     return validated.status();

@@ -65,6 +65,9 @@ class MatmulServiceImpl final : public MatmulServiceBase {
     MatrixStore* store = nullptr;
     // Same-host shared memory; null: off. Must outlive the service.
     SharedMemoryRegistry* shared_memory = nullptr;
+    // Where large operand payloads are parsed to (the engines' pinned host
+    // memory); null: they stay in the parsed message.
+    HostBufferPool* host_buffers = nullptr;
   };
 
   // `scheduler` and `metrics` must outlive the service; `info` builds the
@@ -132,9 +135,11 @@ class MatmulServiceImpl final : public MatmulServiceBase {
   // which go to `result`) and submits a job that calls `done` when it ends.
   // On error nothing was submitted and `done` will not run. `*job_id` is set
   // before submission.
+  // `operands` holds the payloads the parser moved out of `request`; both
+  // must outlive the job.
   absl::Status Submit(const std::string& client, const v1::MultiplyRequest& request,
-                      v1::MultiplyResponse* response, ResultBuffer* result, absl::Time arrival,
-                      absl::Time deadline,
+                      const InlineOperands& operands, v1::MultiplyResponse* response,
+                      ResultBuffer* result, absl::Time arrival, absl::Time deadline,
                       uint64_t* job_id, absl::AnyInvocable<void(const JobOutcome&)> done);
   // The earlier of the call's own deadline and arrival + default timeout.
   absl::Time DeadlineFor(const grpc::CallbackServerContext& context, absl::Time arrival) const;

@@ -26,6 +26,8 @@ struct Operand {
   bool by_handle = false;
   // The bytes (inline or in shared memory); null when by handle.
   const void* data = nullptr;
+  // They are in a pinned buffer the parser moved them to.
+  bool pinned = false;
   // The shared-memory region holding them, if any.
   std::shared_ptr<const void> hold;
 };
@@ -34,21 +36,38 @@ struct Shape {
   DType dtype;
   uint64_t bytes;
 };
-absl::StatusOr<DType> CheckMatrix(const Matrix& x, absl::string_view field,
+
+// An operand's inline payload: its data field, or the buffer the parser
+// moved it to (see request_parser.h).
+struct Payload {
+  const void* data = nullptr;
+  size_t size = 0;
+  bool pinned = false;
+  bool empty() const { return size == 0; }
+};
+
+Payload PayloadOf(const Matrix& x, const HostBuffer* moved) {
+  if (moved != nullptr && moved->data() != nullptr) {
+    return {moved->data(), moved->size(), moved->pinned()};
+  }
+  return {x.data().data(), x.data().size(), false};
+}
+
+absl::StatusOr<DType> CheckMatrix(const Matrix& x, const Payload& payload, absl::string_view field,
                                   const RequestLimits& limits);
 
 // An operand given by handle: the kept matrix must exist, and any shape or
 // dtype the request states must be the kept one's.
-absl::StatusOr<Operand> CheckHandle(const Matrix& x, absl::string_view field,
-                                    const KeptMatrixLookup& lookup) {
+absl::StatusOr<Operand> CheckHandle(const Matrix& x, const Payload& payload,
+                                    absl::string_view field, const KeptMatrixLookup& lookup) {
   if (!lookup) {
     return Invalid(absl::StrCat(field, ".handle"),
                    "this server keeps no matrices (--resident_bytes=0); send the data inline");
   }
-  if (!x.data().empty()) {
+  if (!payload.empty()) {
     return Invalid(absl::StrCat(field, ".data"),
                    absl::StrCat("must be empty when ", field, ".handle is set, got ",
-                                x.data().size(), " bytes"));
+                                payload.size, " bytes"));
   }
   absl::StatusOr<KeptMatrix> kept = lookup(absl::StrCat(field, ".handle"), x.handle());
   if (!kept.ok()) return kept.status();
@@ -88,14 +107,16 @@ absl::StatusOr<SharedBytes> CheckShared(const v1::SharedMemoryRef& ref, absl::st
   return shm(ref, std::string(field));
 }
 
-absl::StatusOr<Operand> CheckOperand(const Matrix& x, absl::string_view field,
-                                     const RequestLimits& limits, const KeptMatrixLookup& lookup,
+absl::StatusOr<Operand> CheckOperand(const Matrix& x, const HostBuffer* moved,
+                                     absl::string_view field, const RequestLimits& limits,
+                                     const KeptMatrixLookup& lookup,
                                      const SharedMemoryLookup& shm) {
-  const int sources = !x.handle().empty() + x.has_shm() + !x.data().empty();
+  const Payload payload = PayloadOf(x, moved);
+  const int sources = !x.handle().empty() + x.has_shm() + !payload.empty();
   if (sources > 1) {
     return Invalid(field, "give exactly one of data, handle and shm");
   }
-  if (!x.handle().empty()) return CheckHandle(x, field, lookup);
+  if (!x.handle().empty()) return CheckHandle(x, payload, field, lookup);
   Operand o;
   if (x.has_shm()) {
     absl::StatusOr<Shape> shape = CheckShape(x, field, limits);
@@ -108,10 +129,11 @@ absl::StatusOr<Operand> CheckOperand(const Matrix& x, absl::string_view field,
     o.data = bytes->data;
     o.hold = std::move(bytes->hold);
   } else {
-    absl::StatusOr<DType> type = CheckMatrix(x, field, limits);
+    absl::StatusOr<DType> type = CheckMatrix(x, payload, field, limits);
     if (!type.ok()) return type.status();
     o.dtype = *type;
-    o.data = x.data().data();
+    o.data = payload.data;
+    o.pinned = payload.pinned;
   }
   o.rows = x.rows();
   o.cols = x.cols();
@@ -150,14 +172,14 @@ absl::StatusOr<Shape> CheckShape(const Matrix& x, absl::string_view field,
 }
 
 // Checks one inline matrix's dtype, shape and payload size.
-absl::StatusOr<DType> CheckMatrix(const Matrix& x, absl::string_view field,
+absl::StatusOr<DType> CheckMatrix(const Matrix& x, const Payload& payload, absl::string_view field,
                                   const RequestLimits& limits) {
   absl::StatusOr<Shape> shape = CheckShape(x, field, limits);
   if (!shape.ok()) return shape.status();
-  if (x.data().size() != shape->bytes) {
+  if (payload.size != shape->bytes) {
     return Invalid(absl::StrCat(field, ".data"),
                    absl::StrFormat("expected %d bytes (%d x %d %s), got %d", shape->bytes, x.rows(),
-                                   x.cols(), DTypeName(shape->dtype), x.data().size()));
+                                   x.cols(), DTypeName(shape->dtype), payload.size));
   }
   return shape->dtype;
 }
@@ -198,12 +220,15 @@ std::string ProtoDTypeName(int type) {
 absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& request,
                                                           const RequestLimits& limits,
                                                           const KeptMatrixLookup& lookup,
-                                                          const SharedMemoryLookup& shm) {
+                                                          const SharedMemoryLookup& shm,
+                                                          const InlineOperands* operands) {
   if (!request.has_a()) return Invalid("a", "required");
   if (!request.has_b()) return Invalid("b", "required");
-  absl::StatusOr<Operand> a = CheckOperand(request.a(), "a", limits, lookup, shm);
+  absl::StatusOr<Operand> a = CheckOperand(request.a(), operands ? &operands->a : nullptr, "a",
+                                           limits, lookup, shm);
   if (!a.ok()) return a.status();
-  absl::StatusOr<Operand> b = CheckOperand(request.b(), "b", limits, lookup, shm);
+  absl::StatusOr<Operand> b = CheckOperand(request.b(), operands ? &operands->b : nullptr, "b",
+                                           limits, lookup, shm);
   if (!b.ok()) return b.status();
   if (a->dtype != b->dtype) {
     return Invalid("b.dtype", absl::StrCat("must match a.dtype (", ProtoDTypeName(ToProto(a->dtype)),
@@ -257,7 +282,8 @@ absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& 
 
   ValidatedRequest v;
   if (request.has_c()) {
-    absl::StatusOr<Operand> c = CheckOperand(request.c(), "c", limits, lookup, shm);
+    absl::StatusOr<Operand> c = CheckOperand(request.c(), operands ? &operands->c : nullptr, "c",
+                                             limits, lookup, shm);
     if (!c.ok()) return c.status();
     if (c->dtype != p.output_type) {
       return Invalid("c.dtype", absl::StrCat("must be the output dtype (",
@@ -274,6 +300,7 @@ absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& 
         v.c_kept = std::move(c->kept);
       } else {
         p.c = c->data;
+        if (c->pinned) p.host_pinned |= kResidentC;
         if (c->hold) v.holds.push_back(std::move(c->hold));
       }
     }
@@ -287,6 +314,7 @@ absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& 
     v.a_kept = std::move(a->kept);
   } else {
     p.a = a->data;
+    if (a->pinned) p.host_pinned |= kResidentA;
     if (a->hold) v.holds.push_back(std::move(a->hold));
   }
   if (b->by_handle) {
@@ -294,6 +322,7 @@ absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const MultiplyRequest& 
     v.b_kept = std::move(b->kept);
   } else {
     p.b = b->data;
+    if (b->pinned) p.host_pinned |= kResidentB;
     if (b->hold) v.holds.push_back(std::move(b->hold));
   }
   if (request.store_result()) {

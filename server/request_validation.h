@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/engine.h"
 #include "matmul/v1/matmul.pb.h"
+#include "server/request_parser.h"
 #include "server/shared_memory.h"
 
 namespace matmul::server {
@@ -56,7 +57,8 @@ using SharedMemoryLookup =
     std::function<absl::StatusOr<SharedBytes>(const v1::SharedMemoryRef& ref, const std::string& field)>;
 
 struct ValidatedRequest {
-  // Pointers into the request's bytes; d is left null for the caller.
+  // Pointers into the request's bytes (or the payloads moved out of it);
+  // d is left null for the caller.
   // Operands given by handle have their kResident* bit set and no pointer.
   GemmProblem problem;
   // Bytes of the result D.
@@ -78,11 +80,14 @@ struct ValidatedRequest {
 // here (message gives the sizes); NOT_FOUND for an unknown handle. Without
 // `lookup`, operands given by handle are INVALID_ARGUMENT (this server
 // keeps no matrices); without `shm`, operands or results in shared memory
-// are INVALID_ARGUMENT (shared memory is off).
+// are INVALID_ARGUMENT (shared memory is off). `operands` holds the
+// payloads the parser moved out of the message (request_parser.h); the
+// problem then points into them, and marks the pinned ones host_pinned.
 absl::StatusOr<ValidatedRequest> ValidateMultiplyRequest(const v1::MultiplyRequest& request,
                                                           const RequestLimits& limits,
                                                           const KeptMatrixLookup& lookup = nullptr,
-                                                          const SharedMemoryLookup& shm = nullptr);
+                                                          const SharedMemoryLookup& shm = nullptr,
+                                                          const InlineOperands* operands = nullptr);
 
 // Checks the shape and dtype of a matrix to keep (PutMatrix, the first
 // UploadMatrix chunk) and returns its size in bytes; INVALID_ARGUMENT

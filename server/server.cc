@@ -135,6 +135,9 @@ absl::Status MatmulServer::Start() {
   service_options.auth = auth_.get();
   service_options.max_inflight_per_client = config_.max_inflight_per_client;
   service_options.store = store_.get();
+  // One pool serves every engine of a process (pinned memory is portable
+  // across GPUs).
+  service_options.host_buffers = engines.empty() ? nullptr : engines.front()->HostBuffers();
   if (config_.shared_memory) shared_memory_ = std::make_unique<SharedMemoryRegistry>();
   service_options.shared_memory = shared_memory_.get();
   service_ = std::make_unique<MatmulServiceImpl>(service_options, scheduler_.get(), metrics_.get(),

@@ -1,5 +1,6 @@
 #include "server/wire_codec.h"
 
+#include <grpc/slice.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/slice.h>
 
@@ -37,11 +38,10 @@ void AppendTag(uint32_t field, std::string* out) {
   AppendVarint((uint64_t{field} << 3) | kLengthDelimited, out);
 }
 
-void FreeResult(void* bytes) { delete[] static_cast<char*>(bytes); }
-
 }  // namespace
 
-absl::Status ParseMultiplyRequest(const grpc::ByteBuffer& buffer, v1::MultiplyRequest* request) {
+absl::Status ParseMultiplyRequest(const grpc::ByteBuffer& buffer, HostBufferPool* pool,
+                                  v1::MultiplyRequest* request, InlineOperands* operands) {
   // gRPC hands a raw method no buffer at all when the call ended before its
   // message arrived (cancelled, or past its deadline); an empty message is a
   // valid buffer of no bytes.
@@ -51,11 +51,7 @@ absl::Status ParseMultiplyRequest(const grpc::ByteBuffer& buffer, v1::MultiplyRe
   // The reader consumes its buffer; this copy shares the slices, not bytes.
   grpc::ByteBuffer shared(buffer);
   grpc::ProtoBufferReader reader(&shared);
-  if (!request->ParseFromZeroCopyStream(&reader)) {
-    return absl::InvalidArgumentError(
-        "request: not a valid matmul.v1.MultiplyRequest message (protobuf parse failed)");
-  }
-  return absl::OkStatus();
+  return ParseMultiplyRequest(&reader, buffer.Length(), pool, request, operands);
 }
 
 grpc::ByteBuffer EncodeMultiplyResponse(v1::MultiplyResponse response, ResultBuffer* result) {
@@ -77,9 +73,15 @@ grpc::ByteBuffer EncodeMultiplyResponse(v1::MultiplyResponse response, ResultBuf
   head += c_fields;
   AppendTag(kMatrixData, &head);
   AppendVarint(payload, &head);
-  grpc::Slice slices[2] = {grpc::Slice(head),
-                           grpc::Slice(result->data(), payload, &FreeResult)};
-  result->Release().release();  // Owned by the slice now.
+  // The slice owns the result's buffer now, and frees it (back to its
+  // pool) once gRPC has sent it.
+  HostBuffer bytes = result->Release();
+  void* data = bytes.data();
+  grpc::Slice slices[2] = {
+      grpc::Slice(head),
+      grpc::Slice(grpc_slice_new_with_user_data(data, payload, &HostBuffer::FreeToken,
+                                                bytes.ReleaseToken()),
+                  grpc::Slice::STEAL_REF)};
   return grpc::ByteBuffer(slices, 2);
 }
 

@@ -64,6 +64,31 @@ struct Placement {
   int64_t a_rows = 0, a_cols = 0, b_rows = 0, b_cols = 0;
 };
 
+// One host <-> device copy that skips staging: `host` is pinned and laid
+// out as the device wants it; `offset` is into the chunk's upload or result
+// region.
+struct DirectCopy {
+  size_t offset;
+  const void* host;
+  size_t bytes;
+};
+
+// The ranges sorted, with touching ones merged (one copy each).
+std::vector<std::pair<size_t, size_t>> Coalesce(std::vector<std::pair<size_t, size_t>> ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<size_t, size_t>> merged;
+  for (const auto& r : ranges) {
+    // Ranges end at their data, so the 256-byte alignment gap before the
+    // next one is bridged too: one copy beats two.
+    if (!merged.empty() && AlignUp(merged.back().second) >= r.first) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  return merged;
+}
+
 // A CUDA stream with its pinned staging buffer; one per concurrent Run.
 struct Context {
   cudaStream_t stream = nullptr;
@@ -104,14 +129,15 @@ class CudaEngine final : public Engine {
  public:
   CudaEngine(int ordinal, DeviceDescription device, std::unique_ptr<GroupedGemmLauncher> launcher,
              std::unique_ptr<cuda::DevicePool> pool, std::shared_ptr<cuda::DevicePool> resident_pool,
-             KernelFamily family, std::map<DType, bool> hopper_ok)
+             KernelFamily family, std::map<DType, bool> hopper_ok, HostBufferPool* host_buffers)
       : ordinal_(ordinal),
         device_(std::move(device)),
         launcher_(std::move(launcher)),
         pool_(std::move(pool)),
         resident_pool_(std::move(resident_pool)),
         family_(family),
-        hopper_ok_(std::move(hopper_ok)) {}
+        hopper_ok_(std::move(hopper_ok)),
+        host_buffers_(host_buffers) {}
 
   ~CudaEngine() override {
     cudaSetDevice(ordinal_);
@@ -131,6 +157,7 @@ class CudaEngine final : public Engine {
     return "cuda";
   }
   bool Healthy() const override { return healthy_.load(); }
+  HostBufferPool* HostBuffers() const override { return host_buffers_; }
   uint64_t MaxProblemBytes() const override { return pool_->capacity() / 2; }
   EngineStats Stats() const override {
     const uint64_t resident_in_use = resident_pool_ ? resident_pool_->in_use() : 0;
@@ -392,7 +419,13 @@ class CudaEngine final : public Engine {
       context.pinned_bytes = bytes;
     }
     uint8_t* pinned_results = context.pinned + upload;
+    // Host operands in pinned memory with the device's row pitch go to the
+    // device as they are; the others are packed into staging first. The
+    // same for results. `staged_*` are the ranges of the upload and result
+    // regions that travel through staging.
     std::vector<cuda::CopyJob> copies;
+    std::vector<DirectCopy> direct_in, direct_out;
+    std::vector<std::pair<size_t, size_t>> staged_in, staged_out;
     for (size_t j = 0; j < chunk.size(); ++j) {
       const GemmProblem& p = problems[chunk[j]];
       const Placement& pl = placements[j];
@@ -402,36 +435,75 @@ class CudaEngine final : public Engine {
         dp.a = AsCuda(p.a_resident)->data();
         dp.lda = AsCuda(p.a_resident)->ld();
       } else {
-        copies.push_back({context.pinned + pl.a, pl.lda * in, p.a, pl.a_cols * in, pl.a_cols * in,
-                          static_cast<size_t>(pl.a_rows)});
+        const size_t bytes = static_cast<size_t>(pl.a_rows) * pl.lda * in;
+        if ((p.host_pinned & kResidentA) && pl.lda == pl.a_cols) {
+          direct_in.push_back({pl.a, p.a, bytes});
+        } else {
+          copies.push_back({context.pinned + pl.a, pl.lda * in, p.a, pl.a_cols * in,
+                            pl.a_cols * in, static_cast<size_t>(pl.a_rows)});
+          staged_in.emplace_back(pl.a, pl.a + bytes);
+        }
         dp.a = base + pl.a;
       }
       if (p.b_resident != nullptr) {
         dp.b = AsCuda(p.b_resident)->data();
         dp.ldb = AsCuda(p.b_resident)->ld();
       } else {
-        copies.push_back({context.pinned + pl.b, pl.ldb * in, p.b, pl.b_cols * in, pl.b_cols * in,
-                          static_cast<size_t>(pl.b_rows)});
+        const size_t bytes = static_cast<size_t>(pl.b_rows) * pl.ldb * in;
+        if ((p.host_pinned & kResidentB) && pl.ldb == pl.b_cols) {
+          direct_in.push_back({pl.b, p.b, bytes});
+        } else {
+          copies.push_back({context.pinned + pl.b, pl.ldb * in, p.b, pl.b_cols * in,
+                            pl.b_cols * in, static_cast<size_t>(pl.b_rows)});
+          staged_in.emplace_back(pl.b, pl.b + bytes);
+        }
         dp.b = base + pl.b;
       }
+      const size_t d_bytes = static_cast<size_t>(p.m) * pl.ldd * out;
       if (p.d_resident != nullptr) {
         dp.d = AsCuda(p.d_resident)->data();
         dp.ldc = dp.ldd = AsCuda(p.d_resident)->ld();
       } else {
         dp.d = results + pl.d;
+        if ((p.host_pinned & kResidentD) && pl.ldd == p.n) {
+          direct_out.push_back({pl.d, p.d, d_bytes});
+        } else {
+          staged_out.emplace_back(pl.d, pl.d + d_bytes);
+        }
       }
-      // C is copied into D's slot and read from there.
+      // C is copied into D's slot and read from there (for a resident D,
+      // through the upload region).
       if (p.beta != 0.0 && p.c_resident == nullptr) {
-        uint8_t* staging = p.d_resident != nullptr ? context.pinned + pl.c : pinned_results + pl.d;
-        copies.push_back({staging, pl.ldd * out, p.c, p.n * out, p.n * out, static_cast<size_t>(p.m)});
+        const bool direct = (p.host_pinned & kResidentC) && pl.ldd == p.n;
+        if (p.d_resident != nullptr) {
+          if (direct) {
+            direct_in.push_back({pl.c, p.c, d_bytes});
+          } else {
+            staged_in.emplace_back(pl.c, pl.c + d_bytes);
+          }
+        }
+        if (!direct) {
+          uint8_t* staging = p.d_resident != nullptr ? context.pinned + pl.c : pinned_results + pl.d;
+          copies.push_back(
+              {staging, pl.ldd * out, p.c, p.n * out, p.n * out, static_cast<size_t>(p.m)});
+        }
       }
       dp.c = p.beta != 0.0 ? dp.d : nullptr;
     }
     cuda::RunCopies(copies);
     cudaStream_t stream = context.stream;
     cudaError_t e = cudaSuccess;
-    if (upload > 0) {
-      e = cudaMemcpyAsync(base, context.pinned, upload, cudaMemcpyHostToDevice, stream);
+    if (direct_in.empty()) {
+      // Everything was staged: one copy of the whole region.
+      if (upload > 0) staged_in.assign(1, {0, upload});
+    }
+    for (const auto& [begin, end] : Coalesce(staged_in)) {
+      e = cudaMemcpyAsync(base + begin, context.pinned + begin, end - begin, cudaMemcpyHostToDevice,
+                          stream);
+      if (e != cudaSuccess) return Failed(e, "copying operands to the device");
+    }
+    for (const DirectCopy& c : direct_in) {
+      e = cudaMemcpyAsync(base + c.offset, c.host, c.bytes, cudaMemcpyHostToDevice, stream);
       if (e != cudaSuccess) return Failed(e, "copying operands to the device");
     }
     for (size_t j = 0; j < chunk.size(); ++j) {
@@ -448,7 +520,8 @@ class CudaEngine final : public Engine {
         e = cudaMemcpy2DAsync(dp.d, dp.ldd * out, base + pl.c, pl.ldd * out, p.n * out, p.m,
                               cudaMemcpyDeviceToDevice, stream);
       } else {
-        e = cudaMemcpyAsync(results + pl.d, pinned_results + pl.d,
+        const bool direct = (p.host_pinned & kResidentC) && pl.ldd == p.n;
+        e = cudaMemcpyAsync(results + pl.d, direct ? p.c : pinned_results + pl.d,
                             static_cast<size_t>(p.m) * pl.ldd * out, cudaMemcpyHostToDevice, stream);
       }
       if (e != cudaSuccess) return Failed(e, "copying C to the device");
@@ -458,8 +531,17 @@ class CudaEngine final : public Engine {
       CheckSticky();
       return absl::InternalError(absl::StrCat(device_.id, ": ", launched.message()));
     }
-    if (result > 0) {
-      e = cudaMemcpyAsync(pinned_results, results, result, cudaMemcpyDeviceToHost, stream);
+    if (direct_out.empty()) {
+      if (result > 0) staged_out.assign(1, {0, result});
+    }
+    for (const auto& [begin, end] : Coalesce(staged_out)) {
+      e = cudaMemcpyAsync(pinned_results + begin, results + begin, end - begin,
+                          cudaMemcpyDeviceToHost, stream);
+      if (e != cudaSuccess) return Failed(e, "copying results from the device");
+    }
+    for (const DirectCopy& c : direct_out) {
+      e = cudaMemcpyAsync(const_cast<void*>(c.host), results + c.offset, c.bytes,
+                          cudaMemcpyDeviceToHost, stream);
       if (e != cudaSuccess) return Failed(e, "copying results from the device");
     }
     e = cudaStreamSynchronize(stream);
@@ -468,6 +550,7 @@ class CudaEngine final : public Engine {
     for (size_t j = 0; j < chunk.size(); ++j) {
       const GemmProblem& p = problems[chunk[j]];
       if (p.d_resident != nullptr) continue;
+      if ((p.host_pinned & kResidentD) && placements[j].ldd == p.n) continue;  // Already there.
       const size_t out = ElementSize(p.output_type);
       copies.push_back({p.d, p.n * out, pinned_results + placements[j].d, placements[j].ldd * out,
                         p.n * out, static_cast<size_t>(p.m)});
@@ -500,6 +583,9 @@ class CudaEngine final : public Engine {
   const KernelFamily family_;
   // Input dtype -> whether our tensor-core kernel passed the self-test.
   const std::map<DType, bool> hopper_ok_;
+  // Pinned host buffers for callers' operands and results (process-wide;
+  // null when off).
+  HostBufferPool* const host_buffers_;
   std::atomic<bool> healthy_{true};
   absl::Mutex contexts_mu_;
   std::vector<Context> contexts_ ABSL_GUARDED_BY(contexts_mu_);
@@ -590,6 +676,33 @@ absl::Status SelfTest(GroupedGemmLauncher& launcher, DType input, Precision prec
 
 }  // namespace
 
+namespace {
+
+void* PinHost(size_t bytes) {
+  void* p = nullptr;
+  // Portable: pinned for every GPU of the process, whichever runs the batch.
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+void UnpinHost(void* p) { cudaFreeHost(p); }
+
+// The process's pool of pinned host buffers with this budget. Never freed:
+// gRPC may free a response's buffer after the engines are gone.
+HostBufferPool* PinnedHostPool(uint64_t budget) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* pools = new std::map<uint64_t, HostBufferPool*>;
+  absl::MutexLock lock(&mu);
+  HostBufferPool*& pool = (*pools)[budget];
+  if (pool == nullptr) pool = new HostBufferPool(&PinHost, &UnpinHost, budget);
+  return pool;
+}
+
+}  // namespace
+
 absl::StatusOr<CudaEngineSet> CreateCudaEngines(const CudaEngineOptions& options) {
   // Options first: a bad value is reported the same with or without a GPU.
   KernelFamily family;
@@ -637,6 +750,8 @@ absl::StatusOr<CudaEngineSet> CreateCudaEngines(const CudaEngineOptions& options
     }
     ++instances[d];
   }
+  HostBufferPool* host_buffers =
+      options.pinned_host_bytes > 0 ? PinnedHostPool(options.pinned_host_bytes) : nullptr;
   CudaEngineSet set;
   std::map<int, int> seen;
   // Self-test outcomes per ordinal, shared by repeated engines of one GPU.
@@ -702,7 +817,7 @@ absl::StatusOr<CudaEngineSet> CreateCudaEngines(const CudaEngineOptions& options
     if (!pool.ok()) return pool.status();
     set.engines.push_back(std::make_unique<CudaEngine>(d, std::move(device), *std::move(launcher),
                                                        *std::move(pool), std::move(resident_pool),
-                                                       family, hopper_ok));
+                                                       family, hopper_ok, host_buffers));
   }
   return set;
 }

@@ -39,6 +39,10 @@ struct CudaEngineOptions {
   // Checks our kernels against cuBLAS at start-up; a dtype that disagrees
   // is served by cuBLAS instead (and a note says so).
   bool self_test = true;
+  // Most bytes of pinned host memory for request operands and results
+  // (HostBuffers(), shared by every engine of the process); past it they
+  // come from the heap and are staged. 0: no pool.
+  uint64_t pinned_host_bytes = 0;
   // How host threads wait for the GPU: "auto", "spin", "yield" or "block"
   // (cudaDeviceSchedule*); set on each device before its context exists.
   std::string host_wait = "auto";

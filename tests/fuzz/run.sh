@@ -11,8 +11,10 @@ command -v clang++ >/dev/null || { echo "fuzz test: clang++ is required" >&2; ex
 gen="$build/generated"
 flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$src" -I"$gen" $(pkg-config --cflags protobuf openblas))
-libs=($(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format protobuf openblas))
+libs=($(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format absl_synchronization \
+      protobuf openblas))
 clang++ "${flags[@]}" "$src/tests/fuzz/request_fuzzer.cc" "$src/server/request_validation.cc" \
+    "$src/server/request_parser.cc" "$src/kernels/host_buffer.cc" \
     "$src/kernels/cpu/cpu_engine.cc" "$src/kernels/dtype.cc" "$src/kernels/half.cc" \
     "$src/kernels/engine.cc" "$gen/matmul/v1/matmul.pb.cc" "${libs[@]}" -o "$work/request_fuzzer"
 PYTHONPATH="$build/python" /usr/bin/python3 "$src/tests/fuzz/make_corpus.py" "$work/seeds"

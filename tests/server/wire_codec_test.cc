@@ -9,7 +9,11 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstdlib>
+#include <cstring>
 #include <random>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -17,12 +21,15 @@
 #include "absl/synchronization/notification.h"
 #include "client/matmul_client.h"
 #include "client/requests.h"
+#include "kernels/reference_gemm.h"
 #include "server/server.h"
 #include "tests/util/test_util.h"
 
 namespace matmul::server {
 namespace {
 
+using matmul::testing::FakeEngine;
+using matmul::testing::LoopbackConfig;
 using matmul::testing::Rng;
 using matmul::testing::StartServer;
 
@@ -101,23 +108,122 @@ TEST(WireCodecTest, ParsesRequestsAndRefusesGarbage) {
   }
   grpc::ByteBuffer wire(slices.data(), slices.size());
   v1::MultiplyRequest parsed;
-  ASSERT_TRUE(ParseMultiplyRequest(wire, &parsed).ok());
+  ASSERT_TRUE(ParseMultiplyRequest(wire, nullptr, &parsed, nullptr).ok());
   EXPECT_EQ(parsed.SerializeAsString(), bytes);
   EXPECT_EQ(wire.Length(), bytes.size()) << "parsing leaves the caller's buffer alone";
 
   grpc::ByteBuffer none;
-  EXPECT_EQ(ParseMultiplyRequest(none, &parsed).code(), absl::StatusCode::kCancelled)
+  EXPECT_EQ(ParseMultiplyRequest(none, nullptr, &parsed, nullptr).code(), absl::StatusCode::kCancelled)
       << "no message at all: the call ended first";
   grpc::ByteBuffer empty(nullptr, 0);
   ASSERT_TRUE(empty.Valid());
-  ASSERT_TRUE(ParseMultiplyRequest(empty, &parsed).ok()) << "an empty message is a valid one";
+  ASSERT_TRUE(ParseMultiplyRequest(empty, nullptr, &parsed, nullptr).ok()) << "an empty message is a valid one";
   EXPECT_EQ(parsed.a().rows(), 0u);
 
   grpc::Slice junk(std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11));
   grpc::ByteBuffer bad(&junk, 1);
-  absl::Status s = ParseMultiplyRequest(bad, &parsed);
+  absl::Status s = ParseMultiplyRequest(bad, nullptr, &parsed, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("MultiplyRequest"));
+}
+
+void* CountingPin(size_t bytes) { return std::malloc(bytes); }
+void CountingUnpin(void* p) { std::free(p); }
+
+// Payloads moved out of the message while parsing, over gRPC's real
+// slicing: a, b and c land whole in pool buffers, across slice borders.
+TEST(WireCodecTest, PayloadsMoveIntoPoolBuffersAcrossSlices) {
+  HostBufferPool pool(&CountingPin, &CountingUnpin, 1 << 30, 4096);
+  for (int i = 0; i < 20; ++i) {
+    v1::MultiplyRequest request = client::RandomRequest(
+        {.m = 40 + static_cast<int64_t>(Rng()() % 60), .n = 50, .k = 70, .dtype = DType::kFloat32,
+         .beta = 0.5},
+        Rng());
+    const std::string bytes = request.SerializeAsString();
+    const size_t piece = 1 + Rng()() % 20000;
+    std::vector<grpc::Slice> slices;
+    for (size_t at = 0; at < bytes.size(); at += piece) {
+      slices.emplace_back(bytes.data() + at, std::min(piece, bytes.size() - at));
+    }
+    grpc::ByteBuffer wire(slices.data(), slices.size());
+    v1::MultiplyRequest parsed;
+    InlineOperands operands;
+    ASSERT_TRUE(ParseMultiplyRequest(wire, &pool, &parsed, &operands).ok());
+    for (auto [buffer, matrix, sent] :
+         {std::tuple{&operands.a, parsed.mutable_a(), &request.a()},
+          std::tuple{&operands.b, parsed.mutable_b(), &request.b()},
+          std::tuple{&operands.c, parsed.mutable_c(), &request.c()}}) {
+      ASSERT_NE(buffer->data(), nullptr);
+      EXPECT_TRUE(buffer->pinned());
+      ASSERT_EQ(buffer->size(), sent->data().size());
+      EXPECT_EQ(std::memcmp(buffer->data(), sent->data().data(), buffer->size()), 0);
+      EXPECT_TRUE(matrix->data().empty());
+      matrix->set_data(sent->data());
+    }
+    EXPECT_EQ(parsed.SerializeAsString(), bytes);
+  }
+}
+
+// A server whose engine offers a pool (as the CUDA engine offers pinned
+// memory): large operands and results travel in pool buffers and are
+// marked so for the engine, small ones do not, every answer is correct,
+// and every buffer goes back to the pool.
+TEST(WireCodecTest, ServerParsesIntoTheEnginesPoolAndAnswersCorrectly) {
+  HostBufferPool pool(&CountingPin, &CountingUnpin, 1 << 30, 16 << 10);
+  FakeEngine* engine;
+  {
+    EngineSet set;
+    set.backend = "cpu";
+    auto fake = std::make_unique<FakeEngine>("fake:0");
+    engine = fake.get();
+    engine->UseHostBuffers(&pool);
+    set.engines.push_back(std::move(fake));
+    absl::StatusOr<std::unique_ptr<MatmulServer>> server =
+        MatmulServer::Create(LoopbackConfig(), std::move(set));
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto c = matmul::testing::Connect(**server);
+    std::vector<v1::MultiplyRequest> requests;
+    for (int i = 0; i < 24; ++i) {
+      // Large (every matrix over 16 KiB) and small, with and without C,
+      // transposed or not, each dtype.
+      const bool large = i % 2 == 0;
+      const DType dtype = std::array{DType::kFloat32, DType::kBFloat16, DType::kFloat64,
+                                     DType::kFloat16}[i / 2 % 4];
+      client::ProblemSpec spec{.m = large ? 150 + static_cast<int64_t>(Rng()() % 50) : 9,
+                               .n = large ? 130 : 5,
+                               .k = large ? 140 : 7,
+                               .dtype = dtype,
+                               .transpose_a = i % 3 == 0,
+                               .transpose_b = i % 5 == 0};
+      if (i % 4 < 2) spec.beta = -0.75;
+      spec.request_id = absl::StrCat("r", i);
+      requests.push_back(client::RandomRequest(spec, Rng()));
+    }
+    for (int i = 0; i < 12; ++i) {
+      absl::StatusOr<v1::MultiplyResponse> r = c->Multiply(requests[i]);
+      ASSERT_TRUE(r.ok()) << r.status();
+      absl::StatusOr<double> err = client::CheckResponse(requests[i], *r);
+      ASSERT_TRUE(err.ok()) << err.status();
+      absl::StatusOr<GemmProblem> p = client::ProblemOf(requests[i]);
+      EXPECT_LE(*err, ErrorBound(p->input_type, p->output_type, p->precision)) << i;
+    }
+    absl::StatusOr<std::vector<v1::MultiplyResponse>> streamed =
+        c->MultiplyStream(absl::MakeConstSpan(requests).subspan(12));
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    ASSERT_EQ(streamed->size(), 12u);
+    for (const v1::MultiplyResponse& r : *streamed) {
+      const int i = std::stoi(r.request_id().substr(1));
+      absl::StatusOr<double> err = client::CheckResponse(requests[i], r);
+      ASSERT_TRUE(err.ok()) << err.status();
+      absl::StatusOr<GemmProblem> p = client::ProblemOf(requests[i]);
+      EXPECT_LE(*err, ErrorBound(p->input_type, p->output_type, p->precision)) << i;
+    }
+    // 12 large requests: each A, B and result is pooled, and C for the 6
+    // with beta; none of the small ones.
+    EXPECT_EQ(engine->pinned_counts(), (std::vector<int>{12, 12, 6, 12}));
+    EXPECT_GT(pool.GetStats().pinned_allocations, 0u);
+  }
+  EXPECT_EQ(pool.GetStats().in_use_bytes, 0u) << "every pooled buffer was given back";
 }
 
 // Garbage sent straight to the raw methods; the server answers it and keeps

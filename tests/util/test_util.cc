@@ -41,6 +41,9 @@ void FakeEngine::Run(absl::Span<const GemmProblem> problems, absl::Span<absl::St
     ++batches_;
     problems_ += static_cast<int>(problems.size());
     sizes_.push_back(problems.size());
+    for (const GemmProblem& p : problems) {
+      for (int bit = 0; bit < 4; ++bit) pinned_counts_[bit] += (p.host_pinned >> bit) & 1;
+    }
     auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !blocked_; };
     mu_.Await(absl::Condition(&released));
     fail = fail_after_ == 0;
@@ -51,6 +54,11 @@ void FakeEngine::Run(absl::Span<const GemmProblem> problems, absl::Span<absl::St
     status[i] = fail ? absl::InternalError("injected device failure")
                      : CpuEngine::RunOne(problems[i]);
   }
+}
+
+std::vector<int> FakeEngine::pinned_counts() const {
+  absl::MutexLock lock(&mu_);
+  return pinned_counts_;
 }
 
 bool FakeEngine::Healthy() const {

@@ -35,6 +35,14 @@ class FakeEngine final : public Engine {
   absl::string_view Name() const override { return "fake"; }
   void Run(absl::Span<const GemmProblem> problems, absl::Span<absl::Status> status) override;
   bool Healthy() const override;
+  HostBufferPool* HostBuffers() const override { return host_buffers_; }
+
+  // Offers `pool` (which must outlive the server) as HostBuffers(), as the
+  // CUDA engine offers its pinned memory. Before the server starts.
+  void UseHostBuffers(HostBufferPool* pool) { host_buffers_ = pool; }
+  // Of the problems run so far, how many had each host_pinned bit
+  // (kResidentA, B, C, D) set; bit i's count is element log2(bit).
+  std::vector<int> pinned_counts() const;
 
   // Batches that start from now on wait until Unblock().
   void Block();
@@ -58,6 +66,8 @@ class FakeEngine final : public Engine {
   int fail_after_ ABSL_GUARDED_BY(mu_) = -1;
   bool healthy_ ABSL_GUARDED_BY(mu_) = true;
   std::vector<size_t> sizes_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> pinned_counts_ ABSL_GUARDED_BY(mu_) = std::vector<int>(4, 0);
+  HostBufferPool* host_buffers_ = nullptr;
 };
 
 // matmul-server started from the built binary on loopback ports chosen by

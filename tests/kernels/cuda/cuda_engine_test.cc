@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -76,6 +77,7 @@ class CudaEngineTest : public ::testing::Test {
     options.devices = {0};
     options.memory_fraction = 0.1;
     options.resident_bytes = 512ull << 20;
+    options.pinned_host_bytes = 1ull << 30;
     auto set = CreateCudaEngines(options);
     ASSERT_TRUE(set.ok()) << set.status();
     for (const std::string& note : set->notes) std::printf("note: %s\n", note.c_str());
@@ -175,6 +177,81 @@ TEST_F(CudaEngineTest, ResidentOperandsAndResultsMatchTheReference) {
     }
   }
   EXPECT_EQ(checked, 5 * 16);
+  EXPECT_EQ(engine_->Stats().memory_in_use_bytes, 0u);
+}
+
+TEST_F(CudaEngineTest, PinnedHostOperandsAndResultsMatchTheReference) {
+  // Operands and results in the engine's pinned buffers (as the server
+  // parses them) go to and from the device without staging when their rows
+  // need no padding; the others, and every unpinned one, are staged. Each
+  // batch mixes both, so the staged ranges between direct copies are
+  // exercised, with C inline (beta) into a host or resident D.
+  HostBufferPool* pool = engine_->HostBuffers();
+  ASSERT_NE(pool, nullptr) << "the CUDA engine offers pinned host buffers";
+  int pinned = 0, checked = 0;
+  for (auto [in, out, precision] :
+       {std::tuple{DType::kBFloat16, DType::kBFloat16, Precision::kDefault},
+        std::tuple{DType::kFloat16, DType::kFloat32, Precision::kDefault},
+        std::tuple{DType::kFloat32, DType::kFloat32, Precision::kTF32},
+        std::tuple{DType::kFloat64, DType::kFloat64, Precision::kDefault}}) {
+    std::vector<Owned> owned;
+    std::vector<HostBuffer> buffers;
+    buffers.reserve(4 * 32);  // pinned_d points into it.
+    std::vector<std::unique_ptr<ResidentMatrix>> kept;
+    std::vector<GemmProblem> problems;
+    std::vector<HostBuffer*> pinned_d(32, nullptr);
+    for (int i = 0; i < 32; ++i) {
+      const int mask = i % 16;
+      // Widths that are multiples of 16 bytes go direct; +1 needs padding.
+      const int64_t pad = (i / 16) == 1 ? 1 : 0;
+      Owned o = MakeOwned(96 + i, 256 + pad, 128 + pad, in, out, rng_, mask & 1, (mask >> 1) & 1,
+                          mask % 3 == 0 ? -1.25 : 0.0, precision);
+      GemmProblem p = o.p;
+      auto pin = [&](const std::vector<uint8_t>& host, uint32_t bit) -> void* {
+        HostBuffer b = HostBuffer::Allocate(pool, host.size());
+        EXPECT_NE(b.data(), nullptr);
+        std::memcpy(b.data(), host.data(), host.size());
+        if (b.pinned()) p.host_pinned |= bit;
+        buffers.push_back(std::move(b));
+        return buffers.back().data();
+      };
+      if (mask & 4) p.a = pin(o.a, kResidentA);
+      if (mask & 8) p.b = pin(o.b, kResidentB);
+      if (p.beta != 0.0 && (mask & 1)) p.c = pin(o.c, kResidentC);
+      if (i % 5 == 4) {
+        absl::StatusOr<std::unique_ptr<ResidentMatrix>> d =
+            engine_->CreateResident(p.m, p.n, out, nullptr);
+        ASSERT_TRUE(d.ok()) << d.status();
+        p.d_resident = d->get();
+        kept.push_back(*std::move(d));
+      } else if (mask & 2) {
+        HostBuffer b = HostBuffer::Allocate(pool, o.d.size());
+        std::memset(b.data(), 0xff, b.size());  // Poison: every byte must be written.
+        if (b.pinned()) p.host_pinned |= kResidentD;
+        buffers.push_back(std::move(b));
+        pinned_d[i] = &buffers.back();
+        p.d = buffers.back().data();
+      }
+      pinned += p.host_pinned != 0;
+      problems.push_back(p);
+      owned.push_back(std::move(o));
+    }
+    std::vector<absl::Status> status(problems.size());
+    engine_->Run(problems, absl::MakeSpan(status));
+    for (size_t i = 0; i < owned.size(); ++i) {
+      ASSERT_TRUE(status[i].ok()) << status[i];
+      if (problems[i].d_resident != nullptr) {
+        ASSERT_TRUE(engine_->ReadResident(*problems[i].d_resident, owned[i].d.data()).ok());
+      } else if (pinned_d[i] != nullptr) {
+        std::memcpy(owned[i].d.data(), pinned_d[i]->data(), owned[i].d.size());
+      }
+      ExpectCorrect(owned[i], absl::StrCat(DTypeName(in), " pinned case ", i, " bits ",
+                                           problems[i].host_pinned));
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 4 * 32);
+  EXPECT_GT(pinned, 60) << "the pool handed out pinned buffers";
   EXPECT_EQ(engine_->Stats().memory_in_use_bytes, 0u);
 }
 

@@ -1,0 +1,175 @@
+#include "server/request_parser.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+
+#include <climits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace matmul::server {
+namespace {
+
+using google::protobuf::io::CodedInputStream;
+using google::protobuf::io::CodedOutputStream;
+using google::protobuf::io::StringOutputStream;
+using google::protobuf::internal::WireFormatLite;
+
+constexpr uint32_t TagOf(int field, WireFormatLite::WireType type) {
+  return (static_cast<uint32_t>(field) << 3) | static_cast<uint32_t>(type);
+}
+
+constexpr uint32_t kDataTag =
+    TagOf(v1::Matrix::kDataFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+
+absl::Status NotARequest() {
+  return absl::InvalidArgumentError(
+      "request: not a valid matmul.v1.MultiplyRequest message (protobuf parse failed)");
+}
+
+// Reads a tag or a length as protobuf's own parser does: at most five
+// bytes (CodedInputStream alone would take ten and drop the high bits).
+bool ReadVarint32Strict(CodedInputStream& in, uint32_t* value) {
+  const int before = in.CurrentPosition();
+  return in.ReadVarint32(value) && in.CurrentPosition() - before <= 5;
+}
+
+// The next tag; 0 at the end of the message or limit, and also on error
+// (then ConsumedEntireMessage() is false, or `*bad` is set).
+uint32_t ReadTagStrict(CodedInputStream& in, bool* bad) {
+  const int before = in.CurrentPosition();
+  const uint32_t tag = in.ReadTag();
+  *bad = in.CurrentPosition() - before > 5;
+  return tag;
+}
+
+// Copies one field (its tag already read) from `in` to `out`, rejecting
+// what protobuf's parser rejects.
+bool CopyField(CodedInputStream& in, uint32_t tag, CodedOutputStream& out) {
+  if (WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+    uint32_t length;
+    if (!ReadVarint32Strict(in, &length) || length > static_cast<uint32_t>(INT_MAX)) return false;
+    std::string bytes;
+    if (!in.ReadString(&bytes, static_cast<int>(length))) return false;
+    out.WriteTag(tag);
+    out.WriteVarint32(length);
+    out.WriteString(bytes);
+    return true;
+  }
+  return WireFormatLite::SkipField(&in, tag, &out);
+}
+
+// Copies one Matrix message (the input is limited to it) to `out` as it is,
+// but for a data payload of at least `min_bytes`, which goes to `*payload`
+// and is replaced by an empty data field. Protobuf keeps the last of
+// repeated singular fields, and so does this: a later data field, moved out
+// or not, replaces an earlier one.
+absl::Status CopyMatrix(CodedInputStream& in, absl::string_view field, HostBufferPool* pool,
+                        std::string* out, HostBuffer* payload) {
+  StringOutputStream sink(out);
+  CodedOutputStream copy(&sink);
+  while (true) {
+    bool bad;
+    const uint32_t tag = ReadTagStrict(in, &bad);
+    if (bad) return NotARequest();
+    if (tag == 0) {
+      if (!in.ConsumedEntireMessage()) return NotARequest();
+      return absl::OkStatus();
+    }
+    if (tag == kDataTag) {
+      uint32_t length;
+      if (!ReadVarint32Strict(in, &length)) return NotARequest();
+      if (length >= pool->min_bytes() && length <= static_cast<uint32_t>(INT_MAX)) {
+        // The length must be there before anything is allocated for it.
+        if (static_cast<int64_t>(length) > in.BytesUntilLimit()) return NotARequest();
+        HostBuffer bytes = HostBuffer::Allocate(pool, length);
+        if (bytes.data() == nullptr) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat(field, ".data: cannot allocate ", length, " bytes"));
+        }
+        if (!in.ReadRaw(bytes.data(), static_cast<int>(length))) return NotARequest();
+        *payload = std::move(bytes);
+        copy.WriteTag(kDataTag);
+        copy.WriteVarint32(0);
+        continue;
+      }
+      // A small payload stays in the message (and displaces a moved one).
+      payload->Reset();
+      std::string bytes;
+      if (!in.ReadString(&bytes, static_cast<int>(length))) return NotARequest();
+      copy.WriteTag(kDataTag);
+      copy.WriteVarint32(length);
+      copy.WriteString(bytes);
+      continue;
+    }
+    if (!CopyField(in, tag, copy)) return NotARequest();
+  }
+}
+
+}  // namespace
+
+absl::Status ParseMultiplyRequest(google::protobuf::io::ZeroCopyInputStream* input, size_t size,
+                                  HostBufferPool* pool, v1::MultiplyRequest* request,
+                                  InlineOperands* operands) {
+  if (size > static_cast<size_t>(INT_MAX)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request: ", size, " bytes is over the 2 GiB a protobuf message may hold"));
+  }
+  if (pool == nullptr || operands == nullptr) {
+    if (!request->ParseFromZeroCopyStream(input)) return NotARequest();
+    return absl::OkStatus();
+  }
+  CodedInputStream in(input);
+  in.PushLimit(static_cast<int>(size));
+  // Every field but the moved payloads, re-encoded for protobuf to parse.
+  std::string rest;
+  {
+    StringOutputStream sink(&rest);
+    CodedOutputStream out(&sink);
+    while (true) {
+      bool bad;
+      const uint32_t tag = ReadTagStrict(in, &bad);
+      if (bad) return NotARequest();
+      if (tag == 0) {
+        if (!in.ConsumedEntireMessage()) return NotARequest();
+        break;
+      }
+      const int field = static_cast<int>(tag >> 3);
+      HostBuffer* payload = nullptr;
+      absl::string_view name;
+      if (WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+        switch (field) {
+          case v1::MultiplyRequest::kAFieldNumber: payload = &operands->a; name = "a"; break;
+          case v1::MultiplyRequest::kBFieldNumber: payload = &operands->b; name = "b"; break;
+          case v1::MultiplyRequest::kCFieldNumber: payload = &operands->c; name = "c"; break;
+          default: break;
+        }
+      }
+      if (payload == nullptr) {
+        if (!CopyField(in, tag, out)) return NotARequest();
+        continue;
+      }
+      uint32_t length;
+      // (PushLimit would clamp a length past the end to the end.)
+      if (!ReadVarint32Strict(in, &length) ||
+          static_cast<int64_t>(length) > in.BytesUntilLimit()) {
+        return NotARequest();
+      }
+      const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
+      std::string matrix;
+      if (absl::Status s = CopyMatrix(in, name, pool, &matrix, payload); !s.ok()) return s;
+      // CopyMatrix stopped at the limit only if the matrix was all there.
+      if (in.BytesUntilLimit() != 0) return NotARequest();
+      in.PopLimit(limit);
+      out.WriteTag(tag);
+      out.WriteVarint32(static_cast<uint32_t>(matrix.size()));
+      out.WriteString(matrix);
+    }
+  }
+  if (!request->ParseFromString(rest)) return NotARequest();
+  return absl::OkStatus();
+}
+
+}  // namespace matmul::server
