@@ -29,20 +29,24 @@ absl::Status NotARequest() {
       "request: not a valid matmul.v1.MultiplyRequest message (protobuf parse failed)");
 }
 
-// Reads a tag or a length as protobuf's own parser does: at most five
-// bytes (CodedInputStream alone would take ten and drop the high bits).
+// Reads a length as protobuf's own parser does: at most five bytes
+// (CodedInputStream alone would take ten and drop the high bits); NextTag
+// holds tags to the same.
 bool ReadVarint32Strict(CodedInputStream& in, uint32_t* value) {
   const int before = in.CurrentPosition();
   return in.ReadVarint32(value) && in.CurrentPosition() - before <= 5;
 }
 
-// The next tag; 0 at the end of the message or limit, and also on error
-// (then ConsumedEntireMessage() is false, or `*bad` is set).
-uint32_t ReadTagStrict(CodedInputStream& in, bool* bad) {
-  const int before = in.CurrentPosition();
-  const uint32_t tag = in.ReadTag();
-  *bad = in.CurrentPosition() - before > 5;
-  return tag;
+// Copies the `length` bytes of a length-delimited field (tag and length
+// already read) to `out`, with its tag.
+bool CopyBytes(CodedInputStream& in, uint32_t tag, uint32_t length, CodedOutputStream& out) {
+  if (length > static_cast<uint32_t>(INT_MAX)) return false;
+  std::string bytes;
+  if (!in.ReadString(&bytes, static_cast<int>(length))) return false;
+  out.WriteTag(tag);
+  out.WriteVarint32(length);
+  out.WriteString(bytes);
+  return true;
 }
 
 // Copies one field (its tag already read) from `in` to `out`, rejecting
@@ -50,15 +54,18 @@ uint32_t ReadTagStrict(CodedInputStream& in, bool* bad) {
 bool CopyField(CodedInputStream& in, uint32_t tag, CodedOutputStream& out) {
   if (WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
     uint32_t length;
-    if (!ReadVarint32Strict(in, &length) || length > static_cast<uint32_t>(INT_MAX)) return false;
-    std::string bytes;
-    if (!in.ReadString(&bytes, static_cast<int>(length))) return false;
-    out.WriteTag(tag);
-    out.WriteVarint32(length);
-    out.WriteString(bytes);
-    return true;
+    return ReadVarint32Strict(in, &length) && CopyBytes(in, tag, length, out);
   }
   return WireFormatLite::SkipField(&in, tag, &out);
+}
+
+// The next tag into `*tag`: true with 0 at a proper end of the message (or
+// of the pushed limit), false when the input is not a message.
+bool NextTag(CodedInputStream& in, uint32_t* tag) {
+  const int before = in.CurrentPosition();
+  *tag = in.ReadTag();
+  if (in.CurrentPosition() - before > 5) return false;
+  return *tag != 0 || in.ConsumedEntireMessage();
 }
 
 // Copies one Matrix message (the input is limited to it) to `out` as it is,
@@ -71,13 +78,9 @@ absl::Status CopyMatrix(CodedInputStream& in, absl::string_view field, HostBuffe
   StringOutputStream sink(out);
   CodedOutputStream copy(&sink);
   while (true) {
-    bool bad;
-    const uint32_t tag = ReadTagStrict(in, &bad);
-    if (bad) return NotARequest();
-    if (tag == 0) {
-      if (!in.ConsumedEntireMessage()) return NotARequest();
-      return absl::OkStatus();
-    }
+    uint32_t tag;
+    if (!NextTag(in, &tag)) return NotARequest();
+    if (tag == 0) return absl::OkStatus();
     if (tag == kDataTag) {
       uint32_t length;
       if (!ReadVarint32Strict(in, &length)) return NotARequest();
@@ -97,11 +100,7 @@ absl::Status CopyMatrix(CodedInputStream& in, absl::string_view field, HostBuffe
       }
       // A small payload stays in the message (and displaces a moved one).
       payload->Reset();
-      std::string bytes;
-      if (!in.ReadString(&bytes, static_cast<int>(length))) return NotARequest();
-      copy.WriteTag(kDataTag);
-      copy.WriteVarint32(length);
-      copy.WriteString(bytes);
+      if (!CopyBytes(in, kDataTag, length, copy)) return NotARequest();
       continue;
     }
     if (!CopyField(in, tag, copy)) return NotARequest();
@@ -129,13 +128,9 @@ absl::Status ParseMultiplyRequest(google::protobuf::io::ZeroCopyInputStream* inp
     StringOutputStream sink(&rest);
     CodedOutputStream out(&sink);
     while (true) {
-      bool bad;
-      const uint32_t tag = ReadTagStrict(in, &bad);
-      if (bad) return NotARequest();
-      if (tag == 0) {
-        if (!in.ConsumedEntireMessage()) return NotARequest();
-        break;
-      }
+      uint32_t tag;
+      if (!NextTag(in, &tag)) return NotARequest();
+      if (tag == 0) break;
       const int field = static_cast<int>(tag >> 3);
       HostBuffer* payload = nullptr;
       absl::string_view name;

@@ -262,6 +262,11 @@ class CudaEngine final : public Engine {
     pl.ldd = PaddedLd(p.n, p.output_type);
     return pl;
   }
+  // Whether host matrix `bit` of `p` (pinned, `cols` wide) is copied to or
+  // from the device as it is: it must need no padding to `ld`.
+  static bool Direct(const GemmProblem& p, uint32_t bit, int64_t ld, int64_t cols) {
+    return (p.host_pinned & bit) != 0 && ld == cols;
+  }
   static size_t Bytes(int64_t rows, int64_t ld, DType t) {
     return AlignUp(static_cast<size_t>(rows) * ld * ElementSize(t));
   }
@@ -431,32 +436,31 @@ class CudaEngine final : public Engine {
       const Placement& pl = placements[j];
       const size_t in = ElementSize(p.input_type), out = ElementSize(p.output_type);
       DeviceGemmProblem& dp = device_problems[j];
+      // An inline operand at `offset` of the upload region: direct, or
+      // packed into staging.
+      auto upload_operand = [&](uint32_t bit, const void* host, size_t offset, int64_t rows,
+                                int64_t cols, int64_t ld) {
+        const size_t bytes = static_cast<size_t>(rows) * ld * in;
+        if (Direct(p, bit, ld, cols)) {
+          direct_in.push_back({offset, host, bytes});
+        } else {
+          copies.push_back({context.pinned + offset, ld * in, host, cols * in, cols * in,
+                            static_cast<size_t>(rows)});
+          staged_in.emplace_back(offset, offset + bytes);
+        }
+      };
       if (p.a_resident != nullptr) {
         dp.a = AsCuda(p.a_resident)->data();
         dp.lda = AsCuda(p.a_resident)->ld();
       } else {
-        const size_t bytes = static_cast<size_t>(pl.a_rows) * pl.lda * in;
-        if ((p.host_pinned & kResidentA) && pl.lda == pl.a_cols) {
-          direct_in.push_back({pl.a, p.a, bytes});
-        } else {
-          copies.push_back({context.pinned + pl.a, pl.lda * in, p.a, pl.a_cols * in,
-                            pl.a_cols * in, static_cast<size_t>(pl.a_rows)});
-          staged_in.emplace_back(pl.a, pl.a + bytes);
-        }
+        upload_operand(kResidentA, p.a, pl.a, pl.a_rows, pl.a_cols, pl.lda);
         dp.a = base + pl.a;
       }
       if (p.b_resident != nullptr) {
         dp.b = AsCuda(p.b_resident)->data();
         dp.ldb = AsCuda(p.b_resident)->ld();
       } else {
-        const size_t bytes = static_cast<size_t>(pl.b_rows) * pl.ldb * in;
-        if ((p.host_pinned & kResidentB) && pl.ldb == pl.b_cols) {
-          direct_in.push_back({pl.b, p.b, bytes});
-        } else {
-          copies.push_back({context.pinned + pl.b, pl.ldb * in, p.b, pl.b_cols * in,
-                            pl.b_cols * in, static_cast<size_t>(pl.b_rows)});
-          staged_in.emplace_back(pl.b, pl.b + bytes);
-        }
+        upload_operand(kResidentB, p.b, pl.b, pl.b_rows, pl.b_cols, pl.ldb);
         dp.b = base + pl.b;
       }
       const size_t d_bytes = static_cast<size_t>(p.m) * pl.ldd * out;
@@ -465,7 +469,7 @@ class CudaEngine final : public Engine {
         dp.ldc = dp.ldd = AsCuda(p.d_resident)->ld();
       } else {
         dp.d = results + pl.d;
-        if ((p.host_pinned & kResidentD) && pl.ldd == p.n) {
+        if (Direct(p, kResidentD, pl.ldd, p.n)) {
           direct_out.push_back({pl.d, p.d, d_bytes});
         } else {
           staged_out.emplace_back(pl.d, pl.d + d_bytes);
@@ -474,7 +478,7 @@ class CudaEngine final : public Engine {
       // C is copied into D's slot and read from there (for a resident D,
       // through the upload region).
       if (p.beta != 0.0 && p.c_resident == nullptr) {
-        const bool direct = (p.host_pinned & kResidentC) && pl.ldd == p.n;
+        const bool direct = Direct(p, kResidentC, pl.ldd, p.n);
         if (p.d_resident != nullptr) {
           if (direct) {
             direct_in.push_back({pl.c, p.c, d_bytes});
@@ -520,7 +524,7 @@ class CudaEngine final : public Engine {
         e = cudaMemcpy2DAsync(dp.d, dp.ldd * out, base + pl.c, pl.ldd * out, p.n * out, p.m,
                               cudaMemcpyDeviceToDevice, stream);
       } else {
-        const bool direct = (p.host_pinned & kResidentC) && pl.ldd == p.n;
+        const bool direct = Direct(p, kResidentC, pl.ldd, p.n);
         e = cudaMemcpyAsync(results + pl.d, direct ? p.c : pinned_results + pl.d,
                             static_cast<size_t>(p.m) * pl.ldd * out, cudaMemcpyHostToDevice, stream);
       }
@@ -550,7 +554,7 @@ class CudaEngine final : public Engine {
     for (size_t j = 0; j < chunk.size(); ++j) {
       const GemmProblem& p = problems[chunk[j]];
       if (p.d_resident != nullptr) continue;
-      if ((p.host_pinned & kResidentD) && placements[j].ldd == p.n) continue;  // Already there.
+      if (Direct(p, kResidentD, placements[j].ldd, p.n)) continue;  // Already there.
       const size_t out = ElementSize(p.output_type);
       copies.push_back({p.d, p.n * out, pinned_results + placements[j].d, placements[j].ldd * out,
                         p.n * out, static_cast<size_t>(p.m)});
