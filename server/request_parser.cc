@@ -107,7 +107,59 @@ absl::Status CopyMatrix(CodedInputStream& in, absl::string_view field, HostBuffe
   }
 }
 
+// The data field of one Matrix (the input is limited to it): true when a
+// payload of at least `min_bytes` is there, or the bytes are malformed.
+bool MatrixHasPayload(CodedInputStream& in, size_t min_bytes) {
+  while (true) {
+    uint32_t tag;
+    if (!NextTag(in, &tag)) return true;
+    if (tag == 0) return false;
+    if (WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+      if (!WireFormatLite::SkipField(&in, tag)) return true;
+      continue;
+    }
+    uint32_t length;
+    if (!ReadVarint32Strict(in, &length) || static_cast<int64_t>(length) > in.BytesUntilLimit()) {
+      return true;
+    }
+    if (tag == kDataTag && length >= min_bytes) return true;
+    if (!in.Skip(static_cast<int>(length))) return true;
+  }
+}
+
 }  // namespace
+
+bool HasPayloadToMove(google::protobuf::io::ZeroCopyInputStream* input, size_t size,
+                      size_t min_bytes) {
+  if (size > static_cast<size_t>(INT_MAX)) return true;
+  // Framing takes bytes too, so a smaller message cannot hold such a payload.
+  if (size < min_bytes) return false;
+  CodedInputStream in(input);
+  in.PushLimit(static_cast<int>(size));
+  while (true) {
+    uint32_t tag;
+    if (!NextTag(in, &tag)) return true;
+    if (tag == 0) return false;
+    if (WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+      if (!WireFormatLite::SkipField(&in, tag)) return true;
+      continue;
+    }
+    uint32_t length;
+    if (!ReadVarint32Strict(in, &length) || static_cast<int64_t>(length) > in.BytesUntilLimit()) {
+      return true;
+    }
+    const int field = static_cast<int>(tag >> 3);
+    if (length >= min_bytes && (field == v1::MultiplyRequest::kAFieldNumber ||
+                                field == v1::MultiplyRequest::kBFieldNumber ||
+                                field == v1::MultiplyRequest::kCFieldNumber)) {
+      const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
+      if (MatrixHasPayload(in, min_bytes)) return true;
+      in.PopLimit(limit);
+      continue;
+    }
+    if (!in.Skip(static_cast<int>(length))) return true;
+  }
+}
 
 absl::Status ParseMultiplyRequest(google::protobuf::io::ZeroCopyInputStream* input, size_t size,
                                   HostBufferPool* pool, v1::MultiplyRequest* request,

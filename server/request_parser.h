@@ -40,6 +40,14 @@ absl::Status ParseMultiplyRequest(google::protobuf::io::ZeroCopyInputStream* inp
                                   HostBufferPool* pool, v1::MultiplyRequest* request,
                                   InlineOperands* operands);
 
+// True when `input` (`size` bytes) holds an a, b or c data payload of at
+// least `min_bytes`, i.e. when ParseMultiplyRequest would move something
+// out; also true when the bytes are not a valid message, so that the
+// parser reports them. Reads without copying: a request with only small
+// payloads then costs protobuf's own parse and this walk over its tags.
+bool HasPayloadToMove(google::protobuf::io::ZeroCopyInputStream* input, size_t size,
+                      size_t min_bytes);
+
 }  // namespace matmul::server
 
 #endif  // MATMUL_SERVER_REQUEST_PARSER_H_

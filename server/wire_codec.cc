@@ -48,7 +48,13 @@ absl::Status ParseMultiplyRequest(const grpc::ByteBuffer& buffer, HostBufferPool
   if (!buffer.Valid()) {
     return absl::CancelledError("the call ended before its request message arrived");
   }
-  // The reader consumes its buffer; this copy shares the slices, not bytes.
+  // A reader consumes its buffer; these copies share the slices, not bytes.
+  if (pool != nullptr && operands != nullptr) {
+    grpc::ByteBuffer scanned(buffer);
+    grpc::ProtoBufferReader scan(&scanned);
+    // Nothing to move out: protobuf's own parse is the cheapest.
+    if (!HasPayloadToMove(&scan, buffer.Length(), pool->min_bytes())) pool = nullptr;
+  }
   grpc::ByteBuffer shared(buffer);
   grpc::ProtoBufferReader reader(&shared);
   return ParseMultiplyRequest(&reader, buffer.Length(), pool, request, operands);

@@ -169,6 +169,42 @@ TEST(RequestParserTest, RejectsWhatProtobufRejects) {
   EXPECT_EQ(pool.GetStats().in_use_bytes, 0u);
 }
 
+TEST(RequestParserTest, ScanFindsEveryPayloadTheParserMoves) {
+  // The scan decides whether a request takes protobuf's own parse: it may
+  // say yes for a request the parser ends up moving nothing from (a later
+  // small data replaces a moved one; damaged bytes), never no for one it
+  // moves from, and no for a request whose payloads are all small.
+  HostBufferPool pool(&Pin, &Unpin, 1 << 30, kMin);
+  int yes = 0, no = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string bytes;
+    const int parts = 1 + static_cast<int>(Rng()() % 2);
+    bool all_small = true;
+    for (int p = 0; p < parts; ++p) {
+      v1::MultiplyRequest r = RandomRequest();
+      for (const v1::Matrix* m : {&r.a(), &r.b(), &r.c()}) all_small &= m->data().size() < kMin;
+      bytes += r.SerializeAsString();
+    }
+    if (i % 3 == 0 && !bytes.empty()) bytes.resize(Rng()() % bytes.size());
+    const int block = 1 + static_cast<int>(Rng()() % 5000);
+    ArrayInputStream scan(bytes.data(), static_cast<int>(bytes.size()), block);
+    const bool found = HasPayloadToMove(&scan, bytes.size(), kMin);
+    yes += found;
+    no += !found;
+    v1::MultiplyRequest parsed;
+    int moved = 0;
+    if (ParseBack(bytes, block, pool, &parsed, &moved).ok()) {
+      if (moved > 0) ASSERT_TRUE(found) << "case " << i << ": the scan missed a payload";
+      if (all_small) ASSERT_FALSE(found) << "case " << i << ": only small payloads";
+    }
+  }
+  EXPECT_GT(yes, 300);
+  EXPECT_GT(no, 300);
+  // Short messages are not read at all.
+  ArrayInputStream empty(nullptr, 0);
+  EXPECT_FALSE(HasPayloadToMove(&empty, kMin - 1, kMin));
+}
+
 TEST(RequestParserTest, LyingLengthAllocatesNothing) {
   // a = Matrix{data: length 1 GiB} with 10 bytes behind it.
   HostBufferPool pool(&Pin, &Unpin, uint64_t{4} << 30, kMin);
