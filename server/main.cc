@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -39,11 +40,12 @@ ABSL_FLAG(std::string, devices, "",
           "ordinal (0,0) runs several workers on one GPU.");
 ABSL_FLAG(double, gpu_memory_fraction, 0.8,
           "Share of each GPU's free memory taken for the engine's pool at start-up.");
-ABSL_FLAG(int64_t, pinned_host_bytes, 0,
+ABSL_FLAG(int64_t, pinned_host_bytes, -1,
           "Most bytes of pinned (page-locked) host memory, shared by all GPUs, that large "
-          "operands are parsed into and results written to, so that they reach the GPU without "
-          "a staging copy. Past it requests use ordinary memory and are staged. 0 (default): none; "
-          "it speeds large and medium requests but costs small ones (docs/BENCHMARKS.md).");
+          "operands (256 KiB and up) are parsed into and results written to, so that they reach "
+          "the GPU without a staging copy; pinned on demand and kept for reuse. Past it requests "
+          "use ordinary memory and are staged. -1 (default): the smaller of 4 GiB and an eighth "
+          "of the memory this process may use (host memory or its cgroup's limit); 0: none.");
 ABSL_FLAG(std::string, cuda_kernels, "persistent",
           "CUDA kernels: persistent (grouped persistent kernels), nonpersistent, or cublas.");
 ABSL_FLAG(std::string, cuda_host_wait, "auto",
@@ -157,6 +159,26 @@ absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text) {
   return devices;
 }
 
+// Bytes of memory this process may use: the host's, or less where its
+// cgroup (v2, or v1) sets a limit, as in a container.
+uint64_t UsableMemoryBytes() {
+  uint64_t bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                   static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(path);
+    std::string text;
+    uint64_t limit;
+    // "max" (v2) or a huge number (v1) when unlimited.
+    if (in >> text && absl::SimpleAtoi(text, &limit) && limit > 0 && limit < bytes) bytes = limit;
+  }
+  return bytes;
+}
+
+// --pinned_host_bytes=-1: enough pinned memory for the operands of a few
+// full batches in flight, and never a large share of a small container.
+uint64_t DefaultPinnedHostBytes() { return std::min(uint64_t{4} << 30, UsableMemoryBytes() / 8); }
+
 absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   matmul::server::ServerConfig config;
   config.listen = absl::GetFlag(FLAGS_listen);
@@ -167,7 +189,10 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   config.engine.cuda_devices = *devices;
   config.engine.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   config.engine.cuda_kernels = absl::GetFlag(FLAGS_cuda_kernels);
-  config.engine.pinned_host_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_pinned_host_bytes));
+  const int64_t pinned = absl::GetFlag(FLAGS_pinned_host_bytes);
+  if (pinned < -1) return absl::InvalidArgumentError("--pinned_host_bytes must be >= -1");
+  config.engine.pinned_host_bytes =
+      pinned == -1 ? DefaultPinnedHostBytes() : static_cast<uint64_t>(pinned);
   config.engine.cuda_host_wait = absl::GetFlag(FLAGS_cuda_host_wait);
   config.engine.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
   config.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
@@ -191,8 +216,7 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
         {"resident_bytes", absl::GetFlag(FLAGS_resident_bytes)},
         {"resident_bytes_per_client", absl::GetFlag(FLAGS_resident_bytes_per_client)},
         {"resident_default_ttl_s", absl::GetFlag(FLAGS_resident_default_ttl_s)},
-        {"resident_max_ttl_s", absl::GetFlag(FLAGS_resident_max_ttl_s)},
-        {"pinned_host_bytes", absl::GetFlag(FLAGS_pinned_host_bytes)}}) {
+        {"resident_max_ttl_s", absl::GetFlag(FLAGS_resident_max_ttl_s)}}) {
     if (absl::Status s = non_negative(name, value); !s.ok()) return s;
   }
   config.queue.max_batch_size = static_cast<size_t>(absl::GetFlag(FLAGS_max_batch_size));
@@ -275,6 +299,12 @@ void LogStartup(const matmul::server::MatmulServer& server) {
                                    " per_client=", c.resident.max_bytes_per_client,
                                    " default_ttl=", absl::FormatDuration(c.resident.default_ttl),
                                    " max_ttl=", absl::FormatDuration(c.resident.max_ttl)));
+  if (server.backend() == "cuda") {
+    LOG(INFO) << "pinned host buffers: "
+              << (c.engine.pinned_host_bytes == 0
+                      ? std::string("off (--pinned_host_bytes=0)")
+                      : absl::StrCat("up to ", c.engine.pinned_host_bytes >> 20, " MiB"));
+  }
   LOG(INFO) << "serving gRPC on port " << server.port() << " (" << c.listen << ")"
             << (c.tls_cert_file.empty() ? ", plain text"
                                         : (c.tls_client_ca_file.empty() ? ", TLS" : ", mutual TLS"))

@@ -696,12 +696,12 @@ void UnpinHost(void* p) { cudaFreeHost(p); }
 
 // The process's pool of pinned host buffers with this budget. Never freed:
 // gRPC may free a response's buffer after the engines are gone.
-HostBufferPool* PinnedHostPool(uint64_t budget) {
+HostBufferPool* PinnedHostPool(uint64_t budget, size_t min_bytes) {
   static absl::Mutex mu(absl::kConstInit);
-  static auto* pools = new std::map<uint64_t, HostBufferPool*>;
+  static auto* pools = new std::map<std::pair<uint64_t, size_t>, HostBufferPool*>;
   absl::MutexLock lock(&mu);
-  HostBufferPool*& pool = (*pools)[budget];
-  if (pool == nullptr) pool = new HostBufferPool(&PinHost, &UnpinHost, budget);
+  HostBufferPool*& pool = (*pools)[{budget, min_bytes}];
+  if (pool == nullptr) pool = new HostBufferPool(&PinHost, &UnpinHost, budget, min_bytes);
   return pool;
 }
 
@@ -755,7 +755,9 @@ absl::StatusOr<CudaEngineSet> CreateCudaEngines(const CudaEngineOptions& options
     ++instances[d];
   }
   HostBufferPool* host_buffers =
-      options.pinned_host_bytes > 0 ? PinnedHostPool(options.pinned_host_bytes) : nullptr;
+      options.pinned_host_bytes > 0
+          ? PinnedHostPool(options.pinned_host_bytes, options.pinned_min_bytes)
+          : nullptr;
   CudaEngineSet set;
   std::map<int, int> seen;
   // Self-test outcomes per ordinal, shared by repeated engines of one GPU.

@@ -43,6 +43,10 @@ struct CudaEngineOptions {
   // (HostBuffers(), shared by every engine of the process); past it they
   // come from the heap and are staged. 0: no pool.
   uint64_t pinned_host_bytes = 0;
+  // Smallest operand or result given pinned memory. Below it the staging
+  // copy costs less than a DMA of its own (the engine merges staged ranges
+  // into one copy per batch) and the parser's work to move it.
+  size_t pinned_min_bytes = 256 << 10;
   // How host threads wait for the GPU: "auto", "spin", "yield" or "block"
   // (cudaDeviceSchedule*); set on each device before its context exists.
   std::string host_wait = "auto";

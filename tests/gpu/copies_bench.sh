@@ -49,6 +49,7 @@ resident-weights|--shapes=weights4096 --dtypes=bf16 --operands=resident --concur
 medium-bf16|--shapes=medium --dtypes=bf16 --concurrency=8 --modes=unary
 medium-f32|--shapes=medium --dtypes=f32 --concurrency=8 --modes=unary
 small-bf16|--shapes=small --dtypes=bf16 --concurrency=256 --modes=unary,stream
+small-f32|--shapes=small --dtypes=f32 --concurrency=256 --modes=unary
 ROWS
   kill -TERM $server_pid; wait $server_pid; server_pid=
 done

@@ -78,6 +78,8 @@ class CudaEngineTest : public ::testing::Test {
     options.memory_fraction = 0.1;
     options.resident_bytes = 512ull << 20;
     options.pinned_host_bytes = 1ull << 30;
+    // Small enough that the pinned test's operands of tens of KiB get it.
+    options.pinned_min_bytes = 16 << 10;
     auto set = CreateCudaEngines(options);
     ASSERT_TRUE(set.ok()) << set.status();
     for (const std::string& note : set->notes) std::printf("note: %s\n", note.c_str());
