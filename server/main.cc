@@ -268,6 +268,11 @@ void LogStartup(const matmul::server::MatmulServer& server) {
               << (d.kind() == "cuda" ? " SMs, compute capability " + d.compute_capability()
                                      : std::string(" threads"));
   }
+#ifdef MATMUL_WITH_TCMALLOC
+  LOG(INFO) << "allocator: tcmalloc";
+#else
+  LOG(INFO) << "allocator: glibc malloc";
+#endif
   LOG(INFO) << "batching: max_batch_size=" << c.queue.max_batch_size
             << " max_queue_delay=" << c.queue.max_queue_delay
             << " max_batch_flops=" << c.queue.max_batch_flops
