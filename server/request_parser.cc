@@ -107,9 +107,10 @@ absl::Status CopyMatrix(CodedInputStream& in, absl::string_view field, HostBuffe
   }
 }
 
-// The data field of one Matrix (the input is limited to it): true when a
-// payload of at least `min_bytes` is there, or the bytes are malformed.
-bool MatrixHasPayload(CodedInputStream& in, size_t min_bytes) {
+// Walks the fields of a MultiplyRequest (in_matrix false) or of one of its
+// a/b/c matrices (in_matrix true, the input limited to it): true at a data
+// payload of at least `min_bytes`, or where the bytes are malformed.
+bool FindPayload(CodedInputStream& in, size_t min_bytes, bool in_matrix) {
   while (true) {
     uint32_t tag;
     if (!NextTag(in, &tag)) return true;
@@ -122,7 +123,18 @@ bool MatrixHasPayload(CodedInputStream& in, size_t min_bytes) {
     if (!ReadVarint32Strict(in, &length) || static_cast<int64_t>(length) > in.BytesUntilLimit()) {
       return true;
     }
-    if (tag == kDataTag && length >= min_bytes) return true;
+    if (length >= min_bytes) {
+      if (in_matrix && tag == kDataTag) return true;
+      const int field = static_cast<int>(tag >> 3);
+      if (!in_matrix && (field == v1::MultiplyRequest::kAFieldNumber ||
+                         field == v1::MultiplyRequest::kBFieldNumber ||
+                         field == v1::MultiplyRequest::kCFieldNumber)) {
+        const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
+        if (FindPayload(in, min_bytes, /*in_matrix=*/true)) return true;
+        in.PopLimit(limit);
+        continue;
+      }
+    }
     if (!in.Skip(static_cast<int>(length))) return true;
   }
 }
@@ -136,29 +148,7 @@ bool HasPayloadToMove(google::protobuf::io::ZeroCopyInputStream* input, size_t s
   if (size < min_bytes) return false;
   CodedInputStream in(input);
   in.PushLimit(static_cast<int>(size));
-  while (true) {
-    uint32_t tag;
-    if (!NextTag(in, &tag)) return true;
-    if (tag == 0) return false;
-    if (WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-      if (!WireFormatLite::SkipField(&in, tag)) return true;
-      continue;
-    }
-    uint32_t length;
-    if (!ReadVarint32Strict(in, &length) || static_cast<int64_t>(length) > in.BytesUntilLimit()) {
-      return true;
-    }
-    const int field = static_cast<int>(tag >> 3);
-    if (length >= min_bytes && (field == v1::MultiplyRequest::kAFieldNumber ||
-                                field == v1::MultiplyRequest::kBFieldNumber ||
-                                field == v1::MultiplyRequest::kCFieldNumber)) {
-      const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
-      if (MatrixHasPayload(in, min_bytes)) return true;
-      in.PopLimit(limit);
-      continue;
-    }
-    if (!in.Skip(static_cast<int>(length))) return true;
-  }
+  return FindPayload(in, min_bytes, /*in_matrix=*/false);
 }
 
 absl::Status ParseMultiplyRequest(google::protobuf::io::ZeroCopyInputStream* input, size_t size,
