@@ -49,16 +49,6 @@ bool CopyBytes(CodedInputStream& in, uint32_t tag, uint32_t length, CodedOutputS
   return true;
 }
 
-// Copies one field (its tag already read) from `in` to `out`, rejecting
-// what protobuf's parser rejects.
-bool CopyField(CodedInputStream& in, uint32_t tag, CodedOutputStream& out) {
-  if (WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-    uint32_t length;
-    return ReadVarint32Strict(in, &length) && CopyBytes(in, tag, length, out);
-  }
-  return WireFormatLite::SkipField(&in, tag, &out);
-}
-
 // The next tag into `*tag`: true with 0 at a proper end of the message (or
 // of the pushed limit), false when the input is not a message.
 bool NextTag(CodedInputStream& in, uint32_t* tag) {
@@ -66,6 +56,39 @@ bool NextTag(CodedInputStream& in, uint32_t* tag) {
   *tag = in.ReadTag();
   if (in.CurrentPosition() - before > 5) return false;
   return *tag != 0 || in.ConsumedEntireMessage();
+}
+
+// Copies one field (its tag already read) from `in` to `out`, rejecting
+// what protobuf's parser rejects. Groups are walked here, not by
+// WireFormatLite::SkipField, which would take (and rewrite shorter) the
+// over-long tags and lengths inside them that protobuf refuses.
+bool CopyField(CodedInputStream& in, uint32_t tag, CodedOutputStream& out) {
+  switch (WireFormatLite::GetTagWireType(tag)) {
+    case WireFormatLite::WIRETYPE_LENGTH_DELIMITED: {
+      uint32_t length;
+      return ReadVarint32Strict(in, &length) && CopyBytes(in, tag, length, out);
+    }
+    case WireFormatLite::WIRETYPE_START_GROUP: {
+      if (!in.IncrementRecursionDepth()) return false;
+      out.WriteTag(tag);
+      while (true) {
+        uint32_t inner;
+        // The message may not end inside the group.
+        if (!NextTag(in, &inner) || inner == 0) return false;
+        if (WireFormatLite::GetTagWireType(inner) == WireFormatLite::WIRETYPE_END_GROUP) {
+          if (WireFormatLite::GetTagFieldNumber(inner) != WireFormatLite::GetTagFieldNumber(tag)) {
+            return false;
+          }
+          out.WriteTag(inner);
+          in.DecrementRecursionDepth();
+          return true;
+        }
+        if (!CopyField(in, inner, out)) return false;
+      }
+    }
+    default:
+      return WireFormatLite::SkipField(&in, tag, &out);
+  }
 }
 
 // Copies one Matrix message (the input is limited to it) to `out` as it is,

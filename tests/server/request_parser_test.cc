@@ -205,6 +205,34 @@ TEST(RequestParserTest, ScanFindsEveryPayloadTheParserMoves) {
   EXPECT_FALSE(HasPayloadToMove(&empty, kMin - 1, kMin));
 }
 
+TEST(RequestParserTest, GroupsAreCheckedAsProtobufChecksThem) {
+  // Inside a group (field 8 as wire type 3), protobuf refuses a tag longer
+  // than five bytes, a length varint longer than five bytes, a group left
+  // open and an end of another field's group; it takes a proper one.
+  HostBufferPool pool(&Pin, &Unpin, 1 << 30, kMin);
+  int rejected = 0;
+  const std::string cases[] = {
+      // A 6-byte tag of a fixed64 field, its 8 bytes, the group's end.
+      std::string("\x43\xd9\xec\xd2\xd3\xcb\x33" "12345678" "\x44", 16),
+      // A field whose length 1 takes 6 bytes, its byte, the group's end.
+      std::string("\x43\x0a\x81\x80\x80\x80\x80\x00" "x" "\x44", 10),
+      std::string("\x43\x08\x01", 3),                              // never closed
+      std::string("\x43\x08\x01\x4c", 4),                          // ends field 9's group
+      std::string("\x43\x08\x01\x0a\x02hi\x44\x38\x05", 10),    // proper, then request_id
+  };
+  for (const std::string& bytes : cases) {
+    v1::MultiplyRequest expected;
+    const bool ok = expected.ParseFromString(bytes);
+    v1::MultiplyRequest parsed;
+    int moved = 0;
+    absl::Status s = ParseBack(bytes, 1 + static_cast<int>(Rng()() % 4), pool, &parsed, &moved);
+    EXPECT_EQ(s.ok(), ok) << "case of " << bytes.size() << " bytes: " << s;
+    rejected += !ok;
+    if (ok) EXPECT_TRUE(SameBytes(parsed.SerializeAsString(), expected.SerializeAsString()));
+  }
+  EXPECT_EQ(rejected, 4) << "protobuf refuses the first four cases and takes the last";
+}
+
 TEST(RequestParserTest, LyingLengthAllocatesNothing) {
   // a = Matrix{data: length 1 GiB} with 10 bytes behind it.
   HostBufferPool pool(&Pin, &Unpin, uint64_t{4} << 30, kMin);
