@@ -1,11 +1,22 @@
 #include "server/dynamic_batch_scheduler.h"
 
+#include <pthread.h>
+
 #include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace matmul::server {
+namespace {
+
+// Names the calling thread (at most 15 characters), so top -H, perf and
+// /proc show which part of the server a thread is.
+void NameThisThread(const std::string& name) {
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+}
+
+}  // namespace
 
 int PickDevice(absl::Span<const DeviceLoad> devices) {
   int best = -1;
@@ -89,7 +100,7 @@ void DynamicBatchScheduler::Stop() {
     stopping_ = true;
     leftover = queue_.TakeAll();
     scheduler_cv_.SignalAll();
-    lanes_cv_.SignalAll();
+    for (DeviceState& d : devices_) d.inbox_cv->SignalAll();
   }
   Fail(std::move(leftover), absl::UnavailableError("server is shutting down"),
        RejectReason::kShutdown);
@@ -119,9 +130,13 @@ absl::Status DynamicBatchScheduler::Submit(std::unique_ptr<Job> job) {
     return status;
   }
   ++accepted_;
+  // A due batch goes to a free lane now, from this thread; the scheduler
+  // thread is woken only if the job brings its next timed event forward.
+  // Expired jobs are left to it (failing them here would run other jobs'
+  // callbacks inside this call).
+  const bool lane_free = StepLocked(absl::Now(), /*reaped=*/nullptr, /*self_device=*/-1);
   if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());
-  wake_ = true;
-  scheduler_cv_.Signal();
+  WakeSchedulerIfLateLocked(lane_free);
   return absl::OkStatus();
 }
 
@@ -193,71 +208,98 @@ void DynamicBatchScheduler::Fail(std::vector<std::unique_ptr<Job>> jobs,
   accepted_ -= static_cast<int64_t>(jobs.size());
 }
 
+bool DynamicBatchScheduler::StepLocked(absl::Time now, Reaped* reaped, int self_device) {
+  if (reaped != nullptr) {
+    reaped->expired = queue_.TakeExpired(now);
+    if (!AnyHealthyLocked()) reaped->stranded = queue_.TakeAll();
+  }
+  std::vector<DeviceLoad> loads;
+  bool self_claimed = false;
+  while (true) {
+    loads.clear();
+    for (const DeviceState& d : devices_) loads.push_back(d.load);
+    int device = PickDevice(loads);
+    if (device < 0) return false;
+    std::vector<std::unique_ptr<Job>> jobs = queue_.TakeBatch(now, draining_);
+    if (jobs.empty()) return true;
+    // A batch with kept operands goes where most of their bytes are.
+    std::vector<uint64_t> resident(devices_.size(), 0);
+    for (const auto& job : jobs) {
+      if (job->resident == nullptr) continue;
+      for (size_t d = 0; d < devices_.size(); ++d) resident[d] += job->resident->BytesOn(static_cast<int>(d));
+    }
+    device = PickDeviceFor(loads, resident, device);
+    Batch batch;
+    for (const auto& job : jobs) batch.flops += ProblemFlops(job->problem);
+    batch.jobs = std::move(jobs);
+    batch.dispatched = now;
+    DeviceState& d = devices_[device];
+    --d.load.free_lanes;
+    d.load.outstanding_flops += batch.flops;
+    d.inbox.push_back(std::move(batch));
+    if (device == self_device && !self_claimed) {
+      self_claimed = true;  // The calling lane takes it on its next look.
+    } else {
+      d.inbox_cv->Signal();
+    }
+  }
+}
+
+absl::Time DynamicBatchScheduler::NextWakeLocked(bool lane_free) const {
+  return lane_free ? queue_.NextEvent() : queue_.NextDeadline();
+}
+
+void DynamicBatchScheduler::WakeSchedulerIfLateLocked(bool lane_free) {
+  if (NextWakeLocked(lane_free) < scheduler_sleeps_until_) {
+    wake_ = true;
+    scheduler_cv_.Signal();
+  }
+}
+
+void DynamicBatchScheduler::FailReaped(Reaped reaped) {
+  Fail(std::move(reaped.expired),
+       absl::DeadlineExceededError("deadline passed while the request was queued"),
+       RejectReason::kDeadline);
+  Fail(std::move(reaped.stranded), absl::UnavailableError("no healthy device to run on"),
+       RejectReason::kShutdown);
+}
+
 void DynamicBatchScheduler::SchedulerLoop() {
+  NameThisThread("batch-sched");
   mu_.Lock();
   while (!stopping_) {
-    const absl::Time now = absl::Now();
-    std::vector<std::unique_ptr<Job>> expired = queue_.TakeExpired(now);
-    std::vector<std::unique_ptr<Job>> stranded;
-    if (!AnyHealthyLocked()) stranded = queue_.TakeAll();
-
-    std::vector<DeviceLoad> loads;
-    int device;
-    while (true) {
-      loads.clear();
-      for (const DeviceState& d : devices_) loads.push_back(d.load);
-      device = PickDevice(loads);
-      if (device < 0) break;
-      std::vector<std::unique_ptr<Job>> jobs = queue_.TakeBatch(now, draining_);
-      if (jobs.empty()) break;
-      // A batch with kept operands goes where most of their bytes are.
-      std::vector<uint64_t> resident(devices_.size(), 0);
-      for (const auto& job : jobs) {
-        if (job->resident == nullptr) continue;
-        for (size_t d = 0; d < devices_.size(); ++d) resident[d] += job->resident->BytesOn(static_cast<int>(d));
-      }
-      device = PickDeviceFor(loads, resident, device);
-      Batch batch;
-      for (const auto& job : jobs) batch.flops += ProblemFlops(job->problem);
-      batch.jobs = std::move(jobs);
-      batch.dispatched = now;
-      DeviceState& d = devices_[device];
-      --d.load.free_lanes;
-      d.load.outstanding_flops += batch.flops;
-      d.inbox.push_back(std::move(batch));
-      lanes_cv_.SignalAll();
-    }
+    Reaped reaped;
+    const bool lane_free = StepLocked(absl::Now(), &reaped, /*self_device=*/-1);
     if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());
 
-    if (!expired.empty() || !stranded.empty()) {
+    if (!reaped.expired.empty() || !reaped.stranded.empty()) {
       mu_.Unlock();
-      Fail(std::move(expired),
-           absl::DeadlineExceededError("deadline passed while the request was queued"),
-           RejectReason::kDeadline);
-      Fail(std::move(stranded), absl::UnavailableError("no healthy device to run on"),
-           RejectReason::kShutdown);
+      FailReaped(std::move(reaped));
       mu_.Lock();
       continue;
     }
 
     // With a free lane, wake for the next batch or deadline; with none, only
-    // for deadlines (a lane finishing sets wake_).
-    const absl::Time wake = device >= 0 ? queue_.NextEvent() : queue_.NextDeadline();
+    // for deadlines (a lane finishing applies the policy itself).
+    const absl::Time wake = NextWakeLocked(lane_free);
+    scheduler_sleeps_until_ = wake;
     while (!wake_ && !stopping_ && absl::Now() < wake) {
       scheduler_cv_.WaitWithDeadline(&mu_, wake);
     }
+    scheduler_sleeps_until_ = absl::InfinitePast();
     wake_ = false;
   }
   mu_.Unlock();
 }
 
 void DynamicBatchScheduler::LaneLoop(int device) {
+  NameThisThread(absl::StrCat("lane-", device));
   while (true) {
     Batch batch;
     {
       absl::MutexLock lock(&mu_);
-      while (devices_[device].inbox.empty() && !stopping_) lanes_cv_.Wait(&mu_);
       DeviceState& d = devices_[device];
+      while (d.inbox.empty() && !stopping_) d.inbox_cv->Wait(&mu_);
       if (d.inbox.empty()) return;  // Stopping, and nothing left to run.
       batch = std::move(d.inbox.front());
       d.inbox.pop_front();
@@ -329,6 +371,7 @@ void DynamicBatchScheduler::RunBatch(int device, Batch batch) {
   }
   const bool healthy = engine->Healthy();
   int failed_healthy_left = -1;
+  Reaped reaped;
   {
     absl::MutexLock lock(&mu_);
     DeviceState& d = devices_[device];
@@ -345,9 +388,13 @@ void DynamicBatchScheduler::RunBatch(int device, Batch batch) {
     }
     d.load.healthy = healthy;
     accepted_ -= static_cast<int64_t>(n);
-    wake_ = true;
-    scheduler_cv_.Signal();
+    // This lane is free again: apply the policy here, so the next due batch
+    // (possibly its own) leaves without waking the scheduler thread.
+    const bool lane_free = StepLocked(absl::Now(), &reaped, healthy ? device : -1);
+    if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());
+    WakeSchedulerIfLateLocked(lane_free);
   }
+  FailReaped(std::move(reaped));
   if (failed_healthy_left >= 0 && options_.on_device_failed) {
     options_.on_device_failed(device, failed_healthy_left);
   }

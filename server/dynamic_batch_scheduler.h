@@ -1,10 +1,14 @@
 // The dynamic batch scheduler: owns the job queue, forms batches and hands
 // each one to the least-loaded device worker.
 //
-// One scheduler thread applies the JobQueue policy (delay, size and work
-// limits, priorities, deadlines) and dispatches; every device has `lanes`
-// worker threads, each running one batch at a time on the device's engine
-// (two lanes let one batch's copies overlap the next one's compute).
+// The JobQueue policy (delay, size and work limits, priorities, deadlines)
+// is applied wherever something changes: in Submit, on the caller's thread,
+// and by a lane as it finishes a batch, which takes the next one without a
+// hand-off. A scheduler thread sleeps until the next timed event (the oldest
+// job's delay, a deadline) and is woken only when a Submit makes that event
+// earlier. Every device has `lanes` worker threads, each running one batch
+// at a time on the device's engine (two lanes let one batch's copies overlap
+// the next one's compute).
 //
 //   auto scheduler = DynamicBatchScheduler::Create(options, engines, &metrics);
 //   auto job = std::make_unique<Job>();
@@ -117,6 +121,9 @@ class DynamicBatchScheduler {
     DeviceLoad load;
     // Batches handed to this device, waiting for a lane.
     std::deque<Batch> inbox;
+    // Signalled when the inbox gets a batch or on stop (one per device, so
+    // a batch wakes one of its own lanes, not every lane of every device).
+    std::unique_ptr<absl::CondVar> inbox_cv = std::make_unique<absl::CondVar>();
     // Lane threads.
     std::vector<std::thread> lanes;
     // Batches running now, and when that count last changed (busy time).
@@ -126,7 +133,26 @@ class DynamicBatchScheduler {
 
   DynamicBatchScheduler(const Options& options, std::vector<Engine*> engines, Metrics* metrics);
 
+  // Jobs a policy step took out to fail, outside the lock.
+  struct Reaped {
+    std::vector<std::unique_ptr<Job>> expired;
+    std::vector<std::unique_ptr<Job>> stranded;
+  };
+
   void SchedulerLoop();
+  // One step of the policy at `now`: with `reaped`, takes out expired jobs
+  // (and every job when no device is healthy) into it; then hands due
+  // batches to free lanes. A batch for `self_device` (>= 0: the calling lane
+  // will look at its inbox next) does not wake another lane. Returns whether
+  // a device still has a free lane.
+  bool StepLocked(absl::Time now, Reaped* reaped, int self_device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When the scheduler thread should next look: the next batch or deadline
+  // with a free lane, only deadlines without one.
+  absl::Time NextWakeLocked(bool lane_free) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the scheduler thread if it sleeps past NextWakeLocked.
+  void WakeSchedulerIfLateLocked(bool lane_free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailReaped(Reaped reaped);
   void LaneLoop(int device);
   void RunBatch(int device, Batch batch);
   // Ends jobs outside the lock.
@@ -141,14 +167,16 @@ class DynamicBatchScheduler {
   std::atomic<uint64_t> next_id_{1};
 
   mutable absl::Mutex mu_;
-  // Signalled whenever the scheduler has something to look at.
+  // Signalled when the scheduler thread has something to look at before
+  // the time it sleeps until.
   absl::CondVar scheduler_cv_;
-  // Signalled when a device's inbox gets a batch or on stop.
-  absl::CondVar lanes_cv_;
   JobQueue queue_ ABSL_GUARDED_BY(mu_);
   std::vector<DeviceState> devices_ ABSL_GUARDED_BY(mu_);
-  // Set by Submit/Cancel/lanes; cleared by the scheduler when it looks.
+  // Set to wake the scheduler thread; cleared by it when it looks.
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  // When the sleeping scheduler thread wakes by itself (InfinitePast while
+  // it is awake, so nobody wakes it needlessly: it looks again anyway).
+  absl::Time scheduler_sleeps_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Jobs submitted and not yet ended.

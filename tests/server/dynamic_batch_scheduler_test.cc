@@ -125,6 +125,41 @@ TEST(DynamicBatchSchedulerTest, JobsQueuedBehindABusyDeviceShareABatch) {
   for (auto& c : calls) EXPECT_EQ(c->outcome.batch_size, 10u);
 }
 
+// The scheduler thread sleeps with nothing to wait for; a lone job must
+// wake it, since only a timer releases the job when its delay ends.
+TEST(DynamicBatchSchedulerTest, ALoneJobLeavesWhenItsDelayEnds) {
+  FakeEngine engine("fake:0");
+  const absl::Duration delay = absl::Milliseconds(20);
+  auto s = DynamicBatchScheduler::Create(Options(16, delay), {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  for (int round = 0; round < 3; ++round) {
+    Call call;
+    ASSERT_TRUE((*s)->Submit(MakeJob(**s, call)).ok());
+    WaitDone(call);
+    ASSERT_TRUE(call.outcome.status.ok()) << call.outcome.status;
+    EXPECT_EQ(call.outcome.batch_size, 1u);
+    EXPECT_GE(call.outcome.queue_time, delay);
+  }
+}
+
+// A batch that is full leaves from Submit itself, however long the delay.
+TEST(DynamicBatchSchedulerTest, AFullBatchLeavesWithoutWaitingForTheDelay) {
+  FakeEngine engine("fake:0");
+  auto s = DynamicBatchScheduler::Create(Options(4, absl::Hours(1)), {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < 4; ++i) {
+    calls.push_back(std::make_unique<Call>());
+    ASSERT_TRUE((*s)->Submit(MakeJob(**s, *calls.back())).ok());
+  }
+  for (auto& c : calls) {
+    WaitDone(*c);
+    ASSERT_TRUE(c->outcome.status.ok()) << c->outcome.status;
+    EXPECT_EQ(c->outcome.batch_size, 4u);
+  }
+  EXPECT_EQ((*s)->QueueDepth(), 0u);
+}
+
 TEST(DynamicBatchSchedulerTest, DeadlineExpiresWhileQueuedNotAfterTheBatch) {
   FakeEngine engine("fake:0");
   engine.Block();
