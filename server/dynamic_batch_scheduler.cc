@@ -134,9 +134,7 @@ absl::Status DynamicBatchScheduler::Submit(std::unique_ptr<Job> job) {
   // thread is woken only if the job brings its next timed event forward.
   // Expired jobs are left to it (failing them here would run other jobs'
   // callbacks inside this call).
-  const bool lane_free = StepLocked(absl::Now(), /*reaped=*/nullptr, /*self_device=*/-1);
-  if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());
-  WakeSchedulerIfLateLocked(lane_free);
+  WakeSchedulerIfLateLocked(StepLocked(absl::Now(), /*reaped=*/nullptr, /*self_device=*/-1));
   return absl::OkStatus();
 }
 
@@ -219,9 +217,12 @@ bool DynamicBatchScheduler::StepLocked(absl::Time now, Reaped* reaped, int self_
     loads.clear();
     for (const DeviceState& d : devices_) loads.push_back(d.load);
     int device = PickDevice(loads);
-    if (device < 0) return false;
-    std::vector<std::unique_ptr<Job>> jobs = queue_.TakeBatch(now, draining_);
-    if (jobs.empty()) return true;
+    std::vector<std::unique_ptr<Job>> jobs;
+    if (device >= 0) jobs = queue_.TakeBatch(now, draining_);
+    if (jobs.empty()) {
+      if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());
+      return device >= 0;
+    }
     // A batch with kept operands goes where most of their bytes are.
     std::vector<uint64_t> resident(devices_.size(), 0);
     for (const auto& job : jobs) {
@@ -270,7 +271,6 @@ void DynamicBatchScheduler::SchedulerLoop() {
   while (!stopping_) {
     Reaped reaped;
     const bool lane_free = StepLocked(absl::Now(), &reaped, /*self_device=*/-1);
-    if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());
 
     if (!reaped.expired.empty() || !reaped.stranded.empty()) {
       mu_.Unlock();
@@ -390,9 +390,8 @@ void DynamicBatchScheduler::RunBatch(int device, Batch batch) {
     accepted_ -= static_cast<int64_t>(n);
     // This lane is free again: apply the policy here, so the next due batch
     // (possibly its own) leaves without waking the scheduler thread.
-    const bool lane_free = StepLocked(absl::Now(), &reaped, healthy ? device : -1);
-    if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());
-    WakeSchedulerIfLateLocked(lane_free);
+    // (A device that just failed gets nothing: PickDevice skips it.)
+    WakeSchedulerIfLateLocked(StepLocked(absl::Now(), &reaped, device));
   }
   FailReaped(std::move(reaped));
   if (failed_healthy_left >= 0 && options_.on_device_failed) {

@@ -142,9 +142,9 @@ class DynamicBatchScheduler {
   void SchedulerLoop();
   // One step of the policy at `now`: with `reaped`, takes out expired jobs
   // (and every job when no device is healthy) into it; then hands due
-  // batches to free lanes. A batch for `self_device` (>= 0: the calling lane
-  // will look at its inbox next) does not wake another lane. Returns whether
-  // a device still has a free lane.
+  // batches to free lanes and publishes the queue depth. A batch for
+  // `self_device` (>= 0: the calling lane will look at its inbox next) does
+  // not wake another lane. Returns whether a device still has a free lane.
   bool StepLocked(absl::Time now, Reaped* reaped, int self_device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // When the scheduler thread should next look: the next batch or deadline
