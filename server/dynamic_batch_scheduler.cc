@@ -218,7 +218,11 @@ bool DynamicBatchScheduler::StepLocked(absl::Time now, Reaped* reaped, int self_
     for (const DeviceState& d : devices_) loads.push_back(d.load);
     int device = PickDevice(loads);
     std::vector<std::unique_ptr<Job>> jobs;
-    if (device >= 0) jobs = queue_.TakeBatch(now, draining_);
+    if (device >= 0) {
+      const bool idle = options_.dispatch_when_idle &&
+                        devices_[device].load.free_lanes >= options_.lanes_per_device;
+      jobs = queue_.TakeBatch(now, draining_ || idle);
+    }
     if (jobs.empty()) {
       if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());
       return device >= 0;

@@ -71,6 +71,11 @@ class DynamicBatchScheduler {
     JobQueue::Options queue;
     // Concurrent batches per device.
     int lanes_per_device = 1;
+    // When a device has no batch running, queued jobs go to it at once
+    // instead of waiting out queue.max_queue_delay: the delay gathers
+    // companions while devices are busy, and an idle device gains nothing
+    // from waiting. Under load the devices stay busy and batches still form.
+    bool dispatch_when_idle = false;
     // Called (from a worker thread) when a device turns unhealthy, with the
     // number of healthy devices left.
     std::function<void(int device, int healthy_left)> on_device_failed;

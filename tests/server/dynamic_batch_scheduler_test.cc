@@ -142,6 +142,50 @@ TEST(DynamicBatchSchedulerTest, ALoneJobLeavesWhenItsDelayEnds) {
   }
 }
 
+// With dispatch_when_idle, a job finding its device idle leaves at once,
+// however long the delay; one arriving while the device is busy waits for
+// companions, and leaves when the device goes idle again.
+TEST(DynamicBatchSchedulerTest, AnIdleDeviceTakesAJobWithoutTheDelay) {
+  FakeEngine engine("fake:0");
+  engine.Block();
+  DynamicBatchScheduler::Options options = Options(16, absl::Hours(1));
+  options.lanes_per_device = 2;
+  options.dispatch_when_idle = true;
+  auto s = DynamicBatchScheduler::Create(options, {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  Call first, second, third;
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, first)).ok());
+  engine.WaitForBatches(1);  // Gone at once: the device was idle.
+  // One lane of two is busy, so these wait for each other (and the delay).
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, second)).ok());
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, third)).ok());
+  EXPECT_EQ((*s)->QueueDepth(), 2u);
+  engine.Unblock();
+  for (Call* c : {&first, &second, &third}) {
+    WaitDone(*c);
+    ASSERT_TRUE(c->outcome.status.ok()) << c->outcome.status;
+  }
+  EXPECT_EQ(first.outcome.batch_size, 1u);
+  EXPECT_EQ(second.outcome.batch_size, 2u);
+  EXPECT_EQ(third.outcome.batch_size, 2u);
+  EXPECT_LT(second.outcome.queue_time, absl::Hours(1));
+}
+
+// Without it (the default), an idle device still waits out the delay.
+TEST(DynamicBatchSchedulerTest, WithoutDispatchWhenIdleTheDelayHolds) {
+  FakeEngine engine("fake:0");
+  auto s = DynamicBatchScheduler::Create(Options(16, absl::Hours(1)), {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  Call call;
+  std::unique_ptr<Job> job = MakeJob(**s, call);
+  const uint64_t id = job->id;
+  ASSERT_TRUE((*s)->Submit(std::move(job)).ok());
+  EXPECT_EQ((*s)->QueueDepth(), 1u);
+  EXPECT_TRUE((*s)->Cancel(id));
+  WaitDone(call);
+  EXPECT_EQ(call.outcome.status.code(), absl::StatusCode::kCancelled);
+}
+
 // A batch that is full leaves from Submit itself, however long the delay.
 TEST(DynamicBatchSchedulerTest, AFullBatchLeavesWithoutWaitingForTheDelay) {
   FakeEngine engine("fake:0");
