@@ -103,6 +103,7 @@ absl::Status MatmulServer::Start() {
   DynamicBatchScheduler::Options scheduler_options;
   scheduler_options.queue = config_.queue;
   scheduler_options.lanes_per_device = config_.lanes_per_device;
+  scheduler_options.dispatch_when_idle = config_.dispatch_when_idle;
   // With no healthy device left, health says so (a load balancer then
   // routes elsewhere); with some left the server keeps serving on them.
   scheduler_options.on_device_failed = [this](int device, int healthy_left) {

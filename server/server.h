@@ -40,6 +40,9 @@ struct ServerConfig {
   EngineOptions engine;
   // Concurrent batches per device; 0 picks 1 for the CPU, 4 for CUDA.
   int lanes_per_device = 0;
+  // A device with no batch running takes queued jobs at once instead of
+  // waiting out queue.max_queue_delay (DynamicBatchScheduler::Options).
+  bool dispatch_when_idle = true;
   // Batching and queue policy. max_batch_flops <= 0 picks a default per
   // backend (CPU 2e10, CUDA 1e12).
   JobQueue::Options queue;

@@ -197,7 +197,7 @@ TEST_F(TokenTest, OneClientCannotTakeMoreThanItsShare) {
   // Requests wait 0.5 s in the queue, so a client's in-flight count stays up.
   auto server = ServerProcess::Start({"--backend=cpu", "--auth_tokens_file=" + tokens_,
                                       "--max_inflight_per_client=2",
-                                      "--max_queue_delay_us=500000"},
+                                      "--max_queue_delay_us=500000", "--dispatch_when_idle=false"},
                                      log_);
   ASSERT_TRUE(server.ok()) << server.status();
   auto alice = *client::MatmulClient::Create({.target = (*server)->target(), .auth_token = kAlice});

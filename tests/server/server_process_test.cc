@@ -40,7 +40,8 @@ TEST(ServerProcessTest, HelpDocumentsEveryFlag) {
        {"--listen", "--metrics_listen", "--backend", "--devices", "--max_batch_size",
         "--max_queue_delay_us", "--max_batch_flops", "--queue_capacity", "--max_request_bytes",
         "--max_response_bytes", "--max_dim", "--default_timeout_ms", "--priority_aging_ms",
-        "--shutdown_grace_s", "--lanes_per_device", "--cpu_workers", "--gpu_memory_fraction"}) {
+        "--shutdown_grace_s", "--lanes_per_device", "--dispatch_when_idle", "--cpu_workers",
+        "--gpu_memory_fraction"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
   EXPECT_THAT(out, HasSubstr("MATMUL_"));
@@ -110,7 +111,7 @@ TEST(ServerProcessTest, EnvironmentSetsFlagsAndTheCommandLineWins) {
 TEST(ServerProcessTest, SigtermAnswersEveryAcceptedRequestAndExitsZero) {
   // Jobs wait in the queue for an hour unless the drain flushes them.
   auto server = ServerProcess::Start(
-      {"--backend=cpu", "--max_queue_delay_us=3600000000", "--max_batch_size=1000",
+      {"--backend=cpu", "--max_queue_delay_us=3600000000", "--dispatch_when_idle=false", "--max_batch_size=1000",
        "--shutdown_grace_s=120"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto c = client::MatmulClient::Create({.target = (*server)->target()});
@@ -263,10 +264,10 @@ double MeanBatchUnderLoad(const std::vector<std::string>& flags, double* batches
 TEST(ServerProcessTest, ConcurrentSmallRequestsAreBatchedAndMaxBatchSizeOneIsHonoured) {
   double batches = 0;
   const double batched =
-      MeanBatchUnderLoad({"--backend=cpu", "--max_queue_delay_us=2000"}, &batches);
+      MeanBatchUnderLoad({"--backend=cpu", "--max_queue_delay_us=2000", "--dispatch_when_idle=false"}, &batches);
   EXPECT_GT(batched, 4.0) << "over " << batches << " batches";
   const double single = MeanBatchUnderLoad(
-      {"--backend=cpu", "--max_queue_delay_us=2000", "--max_batch_size=1"}, &batches);
+      {"--backend=cpu", "--max_queue_delay_us=2000", "--dispatch_when_idle=false", "--max_batch_size=1"}, &batches);
   EXPECT_EQ(single, 1.0);
   EXPECT_EQ(batches, 64 * 16);
 }

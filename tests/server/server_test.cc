@@ -417,6 +417,7 @@ TEST(ServerTest, MetricsEndpointExportsTheContractNames) {
 TEST(ServerTest, ShutdownAnswersEveryAcceptedRequestThenRefuses) {
   ServerConfig config = LoopbackConfig();
   config.queue.max_queue_delay = absl::Hours(1);  // Jobs wait until the drain flushes them.
+  config.dispatch_when_idle = false;
   config.queue.max_batch_size = 1000;
   auto server = StartServer(config);
   auto c = Connect(*server);
