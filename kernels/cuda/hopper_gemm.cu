@@ -79,7 +79,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/wgmma_ops.cuh"
@@ -344,6 +346,11 @@ struct Params {
 #ifdef MATMUL_HOPPER_DIAG
   int diag;        // Bits of kDiag* (diagnostic builds only).
   int group_rows;  // Tile-rows per rasterization group (diagnostic builds only).
+  // Timeline records (MATMUL_HOPPER_TRACE, diagnostic builds only): a
+  // count, 7 words of padding, then `trace_capacity` records of 8 words;
+  // null when this launch is not traced.
+  unsigned long long* trace;
+  unsigned int trace_capacity;
 #endif
 };
 
@@ -400,6 +407,46 @@ __device__ __forceinline__ bool Diag(const Params& p, int bit) {
   return false;
 #endif
 }
+
+// Timelines (diagnostic builds, MATMUL_HOPPER_TRACE=FILE): one launch
+// (MATMUL_HOPPER_TRACE_AT, default the 10th) records, per tile and consumer
+// warpgroup, when it began waiting for the tile's first stage, when that
+// stage landed, when its main loop, split reduction and epilogue ended
+// (SM clock cycles, with the global timer at the start to line SMs up),
+// and per tile of the loader when it waited for and got the tile's
+// TileInfo and issued its first and last k-block. Record words: 0 kind
+// (0 consumer, 1 loader) << 56 | warpgroup << 48 | SM << 32 | tile; 1
+// problem << 32 | k-blocks << 16 | split unit + 1 (0: not split); 2 global
+// ns; 3-7 clock64 stamps.
+#ifdef MATMUL_HOPPER_DIAG
+#define MATMUL_TRACE(...) __VA_ARGS__
+__device__ __forceinline__ unsigned long long GlobalNs() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned int SmId() {
+  unsigned int id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+__device__ __forceinline__ void TraceRecord(const Params& p, int kind, int wg, int tile,
+                                            int problem, int kblocks, int unit,
+                                            const unsigned long long (&t)[6]) {
+  if (p.trace == nullptr) return;
+  const unsigned long long i = atomicAdd(p.trace, 1ull);
+  if (i >= p.trace_capacity) return;
+  unsigned long long* r = p.trace + 8 + i * 8;
+  r[0] = (static_cast<unsigned long long>(kind) << 56) |
+         (static_cast<unsigned long long>(wg) << 48) |
+         (static_cast<unsigned long long>(SmId()) << 32) | static_cast<unsigned int>(tile);
+  r[1] = (static_cast<unsigned long long>(static_cast<unsigned int>(problem)) << 32) |
+         (static_cast<unsigned long long>(kblocks & 0xffff) << 16) | (unit & 0xffff);
+  for (int j = 0; j < 6; ++j) r[2 + j] = t[j];
+}
+#else
+#define MATMUL_TRACE(...)
+#endif
 
 // What the scheduler warp works out for one tile, handed to the loader
 // through the info ring and to the consumers with the tile's first stage,
@@ -784,10 +831,12 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
   const CUtensorMap* map_b = nullptr;
   for (int n = 0;; ++n) {
     const int slot = n % kInfoSlots;
+    MATMUL_TRACE(unsigned long long tr[6] = {}; tr[0] = GlobalNs(); tr[1] = clock64();)
     MbarWait(&sm.info_full[slot], (n / kInfoSlots) & 1);
     const TileInfo ti = sm.info[slot];
     MbarArrive(&sm.info_empty[slot]);
     if (ti.tile < 0) break;
+    MATMUL_TRACE(tr[2] = clock64();)
     if (ti.problem != current) {
       map_a = Map(p, ti.problem, 0);
       map_b = Map(p, ti.problem, 1);
@@ -803,6 +852,7 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
     for (int kb = 0; kb < ti.kblocks; ++kb, ++seq) {
       const int s = seq % L::kStages;
       MbarWait(&sm.empty[s], ((seq / L::kStages) & 1) ^ 1);
+      MATMUL_TRACE(if (kb == 0) tr[3] = clock64();)
       if (kb == 0) sm.stage_info[s] = ti;  // Released to the consumers by the arrive below.
       if (Diag(p, kDiagNoLoads) && seq >= L::kStages) {
         MbarArrive(&sm.full[s]);
@@ -812,6 +862,10 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
       }
       atomicAdd(sm.issued, 1);
     }
+    MATMUL_TRACE(tr[4] = clock64();
+                 TraceRecord(p, 1, 0, ti.tile, ti.problem, ti.kblocks,
+                             (ti.flags & kInfoSplit) ? ((ti.flags >> kInfoSplitShift) & 0xff) + 1 : 0,
+                             tr);)
   }
   const int s = seq % L::kStages;
   MbarWait(&sm.empty[s], ((seq / L::kStages) & 1) ^ 1);
@@ -1090,6 +1144,7 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
   float acc[BN / 2];
   int seq = 0;
   while (true) {
+    MATMUL_TRACE(unsigned long long tr[6] = {}; tr[0] = GlobalNs(); tr[1] = clock64();)
     // The tile's first stage says which tile it is (MainLoop's own wait on
     // this stage then returns at once).
     {
@@ -1098,6 +1153,13 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
     }
     const TileInfo ti = ReadTileInfo(&sm.stage_info[seq % L::kStages]);
     if (ti.tile < 0) break;
+    MATMUL_TRACE(tr[2] = clock64();
+                 const bool tracer = (threadIdx.x & 127) == 0;
+                 const int unit_of = (ti.flags & kInfoSplit)
+                                         ? ((ti.flags >> kInfoSplitShift) & 0xff) + 1 : 0;
+                 auto record = [&] {
+                   if (tracer) TraceRecord(p, 0, wg, ti.tile, ti.problem, ti.kblocks, unit_of, tr);
+                 };)
     const int kblocks = ti.kblocks;
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
@@ -1115,15 +1177,18 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
         default: MainLoop<T, BN, kCluster, 1, 1>(acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
       }
     }
+    MATMUL_TRACE(tr[3] = clock64();)
     if (Diag(p, kDiagNoStores)) continue;
     if constexpr (kCluster == 1) {
       // This warpgroup's split flag: the ints after the loader's count
       // (Layout), addressed from `stages`, which the consumers hold anyway.
       int* last_flag = reinterpret_cast<int*>(stages + L::kIssuedOffset) + 1 + wg;
       if ((ti.flags & kInfoSplit) && !ReduceSplit<BN>(p, ti.flags, acc, wg, last_flag)) {
+        MATMUL_TRACE(tr[4] = tr[5] = clock64(); record();)
         continue;  // Another unit of the tile finishes it.
       }
     }
+    MATMUL_TRACE(tr[4] = clock64();)
     const int row0 = ti.m0 + wg * 64;
     const int col0 = ti.n0;
     if (ti.flags & kInfoTmaStore) {
@@ -1146,6 +1211,7 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
           EpilogueTma<__half, BN>(ti.alpha, map_d, acc, row0, col0, store_buffers, wg, stores);
           break;
       }
+      MATMUL_TRACE(tr[5] = clock64(); record();)
       continue;
     }
     const DeviceGemmProblem& pr = Problem(p, ti.problem);
@@ -1154,6 +1220,7 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
       case DType::kBFloat16: Epilogue<__nv_bfloat16, BN>(pr, acc, row0, col0); break;
       default: Epilogue<__half, BN>(pr, acc, row0, col0); break;
     }
+    MATMUL_TRACE(tr[5] = clock64(); record();)
   }
   // Shared memory must outlive the last stores' reads, and their writes
   // must land before the grid ends.
@@ -1232,6 +1299,55 @@ cudaLaunchConfig_t ClusterConfig(int grid, int smem_bytes, cudaStream_t stream, 
   return config;
 }
 
+#ifdef MATMUL_HOPPER_DIAG
+// MATMUL_HOPPER_TRACE (see TraceRecord): true where this launch is the one
+// to trace, with `p.trace` set.
+bool TraceBegin(Params& p, cudaStream_t stream) {
+  static int launches = 0;
+  static unsigned long long* buffer = nullptr;
+  constexpr unsigned int kCapacity = 1u << 17;
+  p.trace = nullptr;
+  p.trace_capacity = 0;
+  const char* path = std::getenv("MATMUL_HOPPER_TRACE");
+  const char* at = std::getenv("MATMUL_HOPPER_TRACE_AT");
+  if (path == nullptr || launches++ != (at != nullptr ? std::atoi(at) : 10)) return false;
+  if (buffer == nullptr &&
+      cudaMalloc(&buffer, (8 + 8 * static_cast<size_t>(kCapacity)) * sizeof(*buffer)) != cudaSuccess) {
+    buffer = nullptr;
+    return false;
+  }
+  if (cudaMemsetAsync(buffer, 0, 8 * sizeof(*buffer), stream) != cudaSuccess) return false;
+  p.trace = buffer;
+  p.trace_capacity = kCapacity;
+  return true;
+}
+
+// Waits for the traced launch and writes its records as text: a header
+// line, then one record of 8 numbers a line.
+void TraceEnd(const Params& p, const HopperLaunch& l, int bn, int cluster) {
+  if (cudaStreamSynchronize(l.stream) != cudaSuccess) return;
+  unsigned long long count = 0;
+  cudaMemcpy(&count, p.trace, sizeof(count), cudaMemcpyDeviceToHost);
+  count = std::min<unsigned long long>(count, p.trace_capacity);
+  std::vector<unsigned long long> records(8 * count);
+  cudaMemcpy(records.data(), p.trace + 8, records.size() * sizeof(records[0]),
+             cudaMemcpyDeviceToHost);
+  FILE* f = std::fopen(std::getenv("MATMUL_HOPPER_TRACE"), "w");
+  if (f == nullptr) return;
+  std::fprintf(f,
+               "# grid %d total_tiles %d tile_n %d cluster %d problems %d split_tiles %d splits %d "
+               "records %llu\n",
+               l.grid, l.total_tiles, bn, cluster, l.num_problems,
+               l.split.problem >= 0 ? l.split.tiles : 0, l.split.problem >= 0 ? l.split.splits : 0,
+               count);
+  for (unsigned long long i = 0; i < count; ++i) {
+    for (int j = 0; j < 8; ++j) std::fprintf(f, j ? " %llu" : "%llu", records[8 * i + j]);
+    std::fputc('\n', f);
+  }
+  std::fclose(f);
+}
+#endif
+
 template <typename T, int BN, int kCluster>
 cudaError_t Launch(const HopperLaunch& l) {
   using L = Layout<BN>;
@@ -1259,15 +1375,21 @@ cudaError_t Launch(const HopperLaunch& l) {
   p.diag = diag != nullptr ? std::atoi(diag) : 0;
   const char* group_rows = std::getenv("MATMUL_HOPPER_GROUP_ROWS");
   p.group_rows = group_rows != nullptr ? std::max(1, std::atoi(group_rows)) : kGroupRows;
+  const bool tracing = TraceBegin(p, l.stream);
 #endif
+  cudaError_t e;
   if constexpr (kCluster == 1) {
     kernel<<<l.grid, kThreads, L::kBytes, l.stream>>>(p);
-    return cudaGetLastError();
+    e = cudaGetLastError();
   } else {
     cudaLaunchAttribute attribute;
     const cudaLaunchConfig_t config = ClusterConfig(l.grid, L::kBytes, l.stream, kCluster, &attribute);
-    return cudaLaunchKernelEx(&config, kernel, p);
+    e = cudaLaunchKernelEx(&config, kernel, p);
   }
+#ifdef MATMUL_HOPPER_DIAG
+  if (tracing && e == cudaSuccess) TraceEnd(p, l, BN, kCluster);
+#endif
+  return e;
 }
 
 // The kernel of width BN and cluster size kCluster for the launch's input type.
