@@ -249,6 +249,7 @@ v1::ServerInfo MatmulServer::Info() const {
   batching->set_queue_capacity(static_cast<uint32_t>(config_.queue.capacity));
   batching->set_default_timeout_ms(absl::ToInt64Milliseconds(config_.default_timeout));
   batching->set_priority_aging_ms(absl::ToInt64Milliseconds(config_.queue.priority_aging));
+  batching->set_dispatch_when_idle(config_.dispatch_when_idle);
   if (store_ != nullptr) {
     v1::ResidentSettings* resident = info.mutable_resident();
     resident->set_max_bytes(config_.resident.max_bytes);

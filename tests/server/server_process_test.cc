@@ -106,6 +106,7 @@ TEST(ServerProcessTest, EnvironmentSetsFlagsAndTheCommandLineWins) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->limits().max_dim(), 77u);
   EXPECT_EQ(info->batching().max_batch_size(), 9u);
+  EXPECT_TRUE(info->batching().dispatch_when_idle()) << "on by default";
 }
 
 TEST(ServerProcessTest, SigtermAnswersEveryAcceptedRequestAndExitsZero) {

@@ -369,6 +369,7 @@ TEST(ServerTest, GetServerInfoDescribesTheServer) {
   config.queue.max_batch_size = 17;
   config.queue.max_queue_delay = absl::Microseconds(1234);
   config.queue.capacity = 99;
+  config.dispatch_when_idle = false;  // Not the default: the reply must follow the config.
   config.limits.max_dim = 5000;
   auto server = StartServer(config);
   auto c = Connect(*server);
@@ -389,6 +390,7 @@ TEST(ServerTest, GetServerInfoDescribesTheServer) {
   EXPECT_EQ(info->batching().max_queue_delay_us(), 1234u);
   EXPECT_EQ(info->batching().queue_capacity(), 99u);
   EXPECT_GT(info->batching().max_batch_flops(), 0);
+  EXPECT_FALSE(info->batching().dispatch_when_idle());
 }
 
 TEST(ServerTest, MetricsEndpointExportsTheContractNames) {
