@@ -52,12 +52,6 @@ def calibrate(rows):
     return {sm: (c0, g0 - base, rate) for sm, (c0, g0) in firsts.items()}
 
 
-def q(values, f):
-    if not values:
-        return "-"
-    return f"{f(values):8.2f}"
-
-
 def report(path):
     header, rows = load(path)
     print(f"== {path}: {' '.join(f'{k}={v}' for k, v in header.items())}")

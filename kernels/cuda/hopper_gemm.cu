@@ -347,7 +347,8 @@ struct Params {
   int diag;        // Bits of kDiag* (diagnostic builds only).
   int group_rows;  // Tile-rows per rasterization group (diagnostic builds only).
   // Timeline records (MATMUL_HOPPER_TRACE, diagnostic builds only): a
-  // count, 7 words of padding, then `trace_capacity` records of 8 words;
+  // count, 7 words of padding, then `trace_capacity` records of
+  // kTraceWords words;
   // null when this launch is not traced.
   unsigned long long* trace;
   unsigned int trace_capacity;
@@ -420,6 +421,8 @@ __device__ __forceinline__ bool Diag(const Params& p, int bit) {
 // ns; 3-7 clock64 stamps.
 #ifdef MATMUL_HOPPER_DIAG
 #define MATMUL_TRACE(...) __VA_ARGS__
+constexpr int kTraceStamps = 6;  // Words 2-7 of a record.
+constexpr int kTraceWords = 2 + kTraceStamps;
 __device__ __forceinline__ unsigned long long GlobalNs() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -432,17 +435,17 @@ __device__ __forceinline__ unsigned int SmId() {
 }
 __device__ __forceinline__ void TraceRecord(const Params& p, int kind, int wg, int tile,
                                             int problem, int kblocks, int unit,
-                                            const unsigned long long (&t)[6]) {
+                                            const unsigned long long (&t)[kTraceStamps]) {
   if (p.trace == nullptr) return;
   const unsigned long long i = atomicAdd(p.trace, 1ull);
   if (i >= p.trace_capacity) return;
-  unsigned long long* r = p.trace + 8 + i * 8;
+  unsigned long long* r = p.trace + 8 + i * kTraceWords;
   r[0] = (static_cast<unsigned long long>(kind) << 56) |
          (static_cast<unsigned long long>(wg) << 48) |
          (static_cast<unsigned long long>(SmId()) << 32) | static_cast<unsigned int>(tile);
   r[1] = (static_cast<unsigned long long>(static_cast<unsigned int>(problem)) << 32) |
          (static_cast<unsigned long long>(kblocks & 0xffff) << 16) | (unit & 0xffff);
-  for (int j = 0; j < 6; ++j) r[2 + j] = t[j];
+  for (int j = 0; j < kTraceStamps; ++j) r[2 + j] = t[j];
 }
 #else
 #define MATMUL_TRACE(...)
@@ -471,6 +474,13 @@ constexpr int kInfoSplit = 8;
 constexpr int kInfoSplitShift = 8;
 constexpr int kInfoSlotShift = 16;
 static_assert(kHopperMaxSplits <= 256 && kHopperMaxSplitTiles <= 65536, "TileInfo flag bits");
+#ifdef MATMUL_HOPPER_DIAG
+// The split unit of a TileInfo's flags as a trace record counts it: the
+// unit (as ReduceSplit reads it) + 1, or 0 for a whole tile.
+__device__ __forceinline__ int TraceUnit(int flags) {
+  return (flags & kInfoSplit) ? ((flags >> kInfoSplitShift) & 0xff) + 1 : 0;
+}
+#endif
 
 template <int BN>
 struct Layout {
@@ -831,7 +841,7 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
   const CUtensorMap* map_b = nullptr;
   for (int n = 0;; ++n) {
     const int slot = n % kInfoSlots;
-    MATMUL_TRACE(unsigned long long tr[6] = {}; tr[0] = GlobalNs(); tr[1] = clock64();)
+    MATMUL_TRACE(unsigned long long tr[kTraceStamps] = {}; tr[0] = GlobalNs(); tr[1] = clock64();)
     MbarWait(&sm.info_full[slot], (n / kInfoSlots) & 1);
     const TileInfo ti = sm.info[slot];
     MbarArrive(&sm.info_empty[slot]);
@@ -863,9 +873,7 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
       atomicAdd(sm.issued, 1);
     }
     MATMUL_TRACE(tr[4] = clock64();
-                 TraceRecord(p, 1, 0, ti.tile, ti.problem, ti.kblocks,
-                             (ti.flags & kInfoSplit) ? ((ti.flags >> kInfoSplitShift) & 0xff) + 1 : 0,
-                             tr);)
+                 TraceRecord(p, 1, 0, ti.tile, ti.problem, ti.kblocks, TraceUnit(ti.flags), tr);)
   }
   const int s = seq % L::kStages;
   MbarWait(&sm.empty[s], ((seq / L::kStages) & 1) ^ 1);
@@ -1144,7 +1152,7 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
   float acc[BN / 2];
   int seq = 0;
   while (true) {
-    MATMUL_TRACE(unsigned long long tr[6] = {}; tr[0] = GlobalNs(); tr[1] = clock64();)
+    MATMUL_TRACE(unsigned long long tr[kTraceStamps] = {}; tr[0] = GlobalNs(); tr[1] = clock64();)
     // The tile's first stage says which tile it is (MainLoop's own wait on
     // this stage then returns at once).
     {
@@ -1155,10 +1163,10 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
     if (ti.tile < 0) break;
     MATMUL_TRACE(tr[2] = clock64();
                  const bool tracer = (threadIdx.x & 127) == 0;
-                 const int unit_of = (ti.flags & kInfoSplit)
-                                         ? ((ti.flags >> kInfoSplitShift) & 0xff) + 1 : 0;
                  auto record = [&] {
-                   if (tracer) TraceRecord(p, 0, wg, ti.tile, ti.problem, ti.kblocks, unit_of, tr);
+                   if (tracer) {
+                     TraceRecord(p, 0, wg, ti.tile, ti.problem, ti.kblocks, TraceUnit(ti.flags), tr);
+                   }
                  };)
     const int kblocks = ti.kblocks;
 #pragma unroll
@@ -1312,7 +1320,8 @@ bool TraceBegin(Params& p, cudaStream_t stream) {
   const char* at = std::getenv("MATMUL_HOPPER_TRACE_AT");
   if (path == nullptr || launches++ != (at != nullptr ? std::atoi(at) : 10)) return false;
   if (buffer == nullptr &&
-      cudaMalloc(&buffer, (8 + 8 * static_cast<size_t>(kCapacity)) * sizeof(*buffer)) != cudaSuccess) {
+      cudaMalloc(&buffer, (8 + kTraceWords * static_cast<size_t>(kCapacity)) * sizeof(*buffer)) !=
+          cudaSuccess) {
     buffer = nullptr;
     return false;
   }
@@ -1323,13 +1332,13 @@ bool TraceBegin(Params& p, cudaStream_t stream) {
 }
 
 // Waits for the traced launch and writes its records as text: a header
-// line, then one record of 8 numbers a line.
+// line, then one record of kTraceWords numbers a line.
 void TraceEnd(const Params& p, const HopperLaunch& l, int bn, int cluster) {
   if (cudaStreamSynchronize(l.stream) != cudaSuccess) return;
   unsigned long long count = 0;
   cudaMemcpy(&count, p.trace, sizeof(count), cudaMemcpyDeviceToHost);
   count = std::min<unsigned long long>(count, p.trace_capacity);
-  std::vector<unsigned long long> records(8 * count);
+  std::vector<unsigned long long> records(kTraceWords * count);
   cudaMemcpy(records.data(), p.trace + 8, records.size() * sizeof(records[0]),
              cudaMemcpyDeviceToHost);
   FILE* f = std::fopen(std::getenv("MATMUL_HOPPER_TRACE"), "w");
@@ -1341,7 +1350,9 @@ void TraceEnd(const Params& p, const HopperLaunch& l, int bn, int cluster) {
                l.split.problem >= 0 ? l.split.tiles : 0, l.split.problem >= 0 ? l.split.splits : 0,
                count);
   for (unsigned long long i = 0; i < count; ++i) {
-    for (int j = 0; j < 8; ++j) std::fprintf(f, j ? " %llu" : "%llu", records[8 * i + j]);
+    for (int j = 0; j < kTraceWords; ++j) {
+      std::fprintf(f, j ? " %llu" : "%llu", records[kTraceWords * i + j]);
+    }
     std::fputc('\n', f);
   }
   std::fclose(f);
