@@ -13,6 +13,11 @@
 # the server's environment (e.g. AFTER_ENV=LD_PRELOAD=/path/libtcmalloc.so).
 # cpu.tsv also gives the echo server's CPU per request in the same rows: the
 # transport's own cost, against which the server's is read.
+# ROWS_FILE names a file of rows ("name|matmul-bench flags" a line) to run
+# instead of the GPU rows below; with MATMUL_BACKEND=cpu and tiny shapes it
+# measures the service's own per-request cost on any machine, e.g.
+#   printf 'tiny-f32|--shapes=16x16x16 --dtypes=f32 --concurrency=64 --modes=unary\n' >rows
+#   MATMUL_BACKEND=cpu ROWS_FILE=rows tests/gpu/copies_bench.sh OLD/bin NEW/bin out
 set -uo pipefail
 before=$1 after=$2 out=$3
 mkdir -p "$out"
@@ -53,13 +58,14 @@ for variant in before after; do
         -v et=$((e1 - e0)) -v er="$er" -v scale="$(awk -v d="${MATMUL_BENCH_S:-2}" 'BEGIN {print (d + 0.3) / d}')" \
         'BEGIN {printf "%s\t%s\t%d\t%.1f\t%.1f\n", v, n, r, (r > 0 ? t / hz * 1e6 / r : 0),
                 (er > 0 ? et / hz * 1e6 / (er * scale) : 0)}' >>"$out/cpu.tsv"
-  done <<'ROWS'
+  done < <(if [[ -n ${ROWS_FILE:-} ]]; then cat "$ROWS_FILE"; else cat <<'ROWS'
 resident-weights|--shapes=weights4096 --dtypes=bf16 --operands=resident --concurrency=8,64 --modes=unary
 medium-bf16|--shapes=medium --dtypes=bf16 --concurrency=8 --modes=unary
 medium-f32|--shapes=medium --dtypes=f32 --concurrency=8 --modes=unary
 small-bf16|--shapes=small --dtypes=bf16 --concurrency=256 --modes=unary,stream
 small-f32|--shapes=small --dtypes=f32 --concurrency=256 --modes=unary
 ROWS
+  fi)
   kill -TERM $server_pid; wait $server_pid; server_pid=
 done
 echo "variant	load	requests	server_cpu_us_per_request	echo_cpu_us_per_request"
