@@ -3,7 +3,7 @@
 //   gemm-bench [--json=FILE] [--quick] [--timing=isolated|back-to-back]
 //              [--only=single|grouped] [--size=LABEL]... [--dtype=NAME]...
 //              [--tile_n=256|128|64] [--cluster=1|2] [--b_stored=kxn|nxk]
-//              [--inline=N] [--split_k=N]
+//              [--inline=N] [--split_k=N] [--edge_tiles=0|1] [--reps=N]
 //
 // --size picks single-problem rows by label (4096^3) and grouped batches by
 // their problem count (256, 1024, 64); a label MxNxK not in the table (such
@@ -14,6 +14,11 @@
 // memory; default: the launcher's limit). --split_k=N sets
 // GroupedGemmOptions::hopper_split_k for the single problems (0, the
 // default: the launcher's cost model; 1: no split-K tail; N: N k-ranges).
+// --edge_tiles=1 sets GroupedGemmOptions::hopper_edge_tiles for every row
+// of ours (edge tiles run narrower MMAs; off by default), so that one build
+// measures both ways. --reps=N times every row N times instead of the
+// default count (for a host profile of the launcher, say: CPUPROFILE with
+// many repetitions).
 //
 // Timing: CUDA events around each run, after warm-up; the median of many
 // runs; inputs rotated over several buffer sets (more than twice the L2) so
@@ -160,6 +165,10 @@ int g_inline = -1;
 int g_split_k = 0;
 // Single-problem rows with B stored n x k instead of k x n (--b_stored=nxk).
 bool g_b_nxk = false;
+// GroupedGemmOptions::hopper_edge_tiles (--edge_tiles).
+bool g_edge_tiles = false;
+// Timed runs per row (--reps); 0: the default for the row and mode.
+int g_reps = 0;
 constexpr int kBatch = 8;
 
 // What TimeMedian measured.
@@ -255,7 +264,7 @@ class Bench {
     auto buffers = MakeBuffers(shapes, in, out, rng_, g_b_nxk);
     auto ref = MakeBuffers(shapes, in, out, rng_, g_b_nxk);  // Output copies for the check.
     const double flops = FlopsOf(shapes);
-    const int reps = quick_ ? 10 : (flops > 1e12 ? 20 : 50);
+    const int reps = g_reps > 0 ? g_reps : (quick_ ? 10 : (flops > 1e12 ? 20 : 50));
     const std::string dtype = in == DType::kFloat32 ? (precision == Precision::kTF32 ? "tf32" : "float32")
                                                     : std::string(DTypeName(in));
     double cublas_ms = 0;
@@ -271,6 +280,7 @@ class Bench {
       o.hopper_cluster = g_cluster;
       o.hopper_inline_problems = g_inline;
       o.hopper_split_k = g_split_k;
+      o.hopper_edge_tiles = g_edge_tiles;
       const Timed timed = TimeMedian(stream_, static_cast<int>(buffers->sets.size()), reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
       });
@@ -324,7 +334,7 @@ class Bench {
     auto ref = MakeBuffers(shapes, in, out, rng_);
     const double flops = FlopsOf(shapes);
     const int sets = static_cast<int>(buffers->sets.size());
-    const int reps = quick_ ? 10 : 30;
+    const int reps = g_reps > 0 ? g_reps : (quick_ ? 10 : 30);
     std::vector<Row> rows;
     // cuBLAS, one call per problem.
     GroupedGemmOptions o;
@@ -354,6 +364,7 @@ class Bench {
       o.hopper_tile_n = g_tile_n;
       o.hopper_cluster = g_cluster;
       o.hopper_inline_problems = g_inline;
+      o.hopper_edge_tiles = g_edge_tiles;
       LaunchReport report;
       const Timed timed = TimeMedian(stream_, sets, reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_, &report));
@@ -476,6 +487,9 @@ int Main(int argc, char** argv) {
     else if (a.rfind("--cluster=", 0) == 0) g_cluster = std::atoi(a.c_str() + 10);
     else if (a.rfind("--inline=", 0) == 0) g_inline = std::atoi(a.c_str() + 9);
     else if (a.rfind("--split_k=", 0) == 0) g_split_k = std::atoi(a.c_str() + 10);
+    else if (a == "--edge_tiles=1") g_edge_tiles = true;
+    else if (a == "--edge_tiles=0") g_edge_tiles = false;
+    else if (a.rfind("--reps=", 0) == 0) g_reps = std::atoi(a.c_str() + 7);
     else if (a == "--b_stored=nxk") g_b_nxk = true;
     else if (a == "--b_stored=kxn") g_b_nxk = false;
     else {

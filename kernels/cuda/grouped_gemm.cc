@@ -877,6 +877,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     }
     l.input = options.input;
     l.output = options.output;
+    l.edge_tiles = options.hopper_edge_tiles;
     l.tile_n = tile_n;
     l.num_problems = static_cast<int>(hopper.size());
     l.total_tiles = *total;

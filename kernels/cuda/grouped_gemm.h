@@ -81,6 +81,13 @@ struct GroupedGemmOptions {
   // parameters and single CTAs (hopper_cluster != 2). For benchmarks and
   // tests.
   int hopper_split_k = 0;
+  // Edge tiles of 16-bit inputs do only their share (hopper_gemm.cu): MMAs
+  // as narrow as the columns they have inside the problem (half or a
+  // quarter of the tile's width), loads and stores of those columns only,
+  // and no work for the second consumer warpgroup where the rows fit the
+  // first's 64. Off until it has been measured on a GPU (docs/BENCHMARKS.md);
+  // for benchmarks and tests.
+  bool hopper_edge_tiles = false;
 };
 
 // What ran, for benchmarks and tests.

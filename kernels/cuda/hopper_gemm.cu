@@ -48,6 +48,16 @@
 // Measured on the H200 (docs/BENCHMARKS.md): the register epilogue cost
 // 8-12% of a large problem's time, more for small grouped problems.
 //
+// Edge tiles (single CTAs and 16-bit inputs, where the launch asks for it
+// with HopperLaunch::edge_tiles, off by default until measured): a tile
+// whose columns inside the problem fit half or a quarter of BN runs wgmma
+// that narrow (N = BN/2 or BN/4, at least 64), loads only those columns of
+// B where B is stored k x n, and TMA-stores only those boxes; a tile whose
+// rows inside the problem fit the first consumer warpgroup's 64 leaves the
+// second warpgroup idle (no MMA, no store). Batches of small problems are mostly such tiles: on the H200 a
+// batch of 1024 problems of 64..256 spent as long in each tile's epilogue
+// as in its main loop (docs/BENCHMARKS.md, eighth round).
+//
 // Split-K tail (HopperSplit, kernels.h): a lone problem's last tiles may
 // come as several units each, one per k-range. A unit's consumers write
 // their float32 partial to the workspace and count themselves on the
@@ -343,6 +353,8 @@ struct Params {
   DType output;
   // The split-K tail (kernels.h): problem -1 when there is none.
   HopperSplit split;
+  // Edge tiles do only their share (EdgeFlags): HopperLaunch::edge_tiles.
+  bool edge_tiles;
 #ifdef MATMUL_HOPPER_DIAG
   int diag;        // Bits of kDiag* (diagnostic builds only).
   int group_rows;  // Tile-rows per rasterization group (diagnostic builds only).
@@ -467,6 +479,16 @@ struct alignas(16) TileInfo {
 constexpr int kInfoTransposeA = 1;  // A stored k x m (MN-major).
 constexpr int kInfoTransposeB = 2;  // B stored n x k (K-major).
 constexpr int kInfoTmaStore = 4;    // StoresByTma: the epilogue goes out by TMA.
+// Edge tiles (single CTAs and 16-bit inputs only, where the launch asks:
+// EdgeFlags): the tile's columns inside the problem fit BN >> w, w in bits
+// 4-5, so its MMAs, its loads of B (stored k x n) and its TMA-stored boxes
+// stop at that width; and where its rows inside the problem all fall in the
+// first consumer warpgroup's 64, the second warpgroup issues no MMA and
+// stores nothing (bit 6), and A stored k x m loads only its first 64
+// columns.
+constexpr int kInfoNarrowShift = 4;
+constexpr int kInfoNarrowMask = 3;
+constexpr int kInfoFirstHalf = 64;
 // A unit of a split tile (HopperSplit): its index j among the tile's units
 // sits in bits 8-15 of the flags, the tile's index among the split tiles
 // (its slot of partials and counters) in bits 16-31.
@@ -481,6 +503,26 @@ __device__ __forceinline__ int TraceUnit(int flags) {
   return (flags & kInfoSplit) ? ((flags >> kInfoSplitShift) & 0xff) + 1 : 0;
 }
 #endif
+
+// The edge bits (kInfoNarrowShift, kInfoFirstHalf) of the tile of `pr` at
+// (m0, n0).
+template <int BN>
+__device__ __forceinline__ int EdgeFlags(const DeviceGemmProblem& pr, int m0, int n0) {
+  const int64_t cols = pr.n - n0;
+  int w = 0;
+  if constexpr (BN / 2 >= 64) {
+    if (cols <= BN / 2) w = 1;
+  }
+  if constexpr (BN / 4 >= 64) {
+    if (cols <= BN / 4) w = 2;
+  }
+  return (w << kInfoNarrowShift) | (pr.m - m0 <= 64 ? kInfoFirstHalf : 0);
+}
+
+// The tile's MMA width as a shift of BN (0 unless an edge tile is narrower).
+__device__ __forceinline__ int NarrowShift(int flags) {
+  return (flags >> kInfoNarrowShift) & kInfoNarrowMask;
+}
 
 template <int BN>
 struct Layout {
@@ -712,13 +754,20 @@ __device__ __forceinline__ void IssueStage(int flags, const CUtensorMap* map_a,
                                            int rank) {
   using L = Layout<BN>;
   constexpr int BK = Elem<T>::kBK;
-  MbarExpectTx(&full[s], L::kStageBytes);
+  // Edge tiles (EdgeFlags, single CTAs only) leave out the boxes of A and B
+  // (as laid out MN-major) that no MMA of theirs reads.
+  const bool first_half = kCluster == 1 && (flags & kInfoFirstHalf);
+  const int b_boxes = kCluster == 1 ? (BN >> NarrowShift(flags)) / 64 : BN / 64;
+  const bool a_half = first_half && (flags & kInfoTransposeA);
+  const int bytes = (a_half ? L::kABytes / 2 : L::kABytes) +
+                    ((flags & kInfoTransposeB) ? L::kBBytes : b_boxes * BK * kRowBytes);
+  MbarExpectTx(&full[s], bytes);
   uint8_t* sa = stages + s * L::kStageBytes;
   uint8_t* sb = sa + L::kABytes;
   const int k0 = kb * BK;
   if (flags & kInfoTransposeA) {  // MN-major: two 64-wide boxes.
     TmaLoad2d(sa, map_a, m0, k0, &full[s]);
-    TmaLoad2d(sa + BK * kRowBytes, map_a, m0 + 64, k0, &full[s]);
+    if (!a_half) TmaLoad2d(sa + BK * kRowBytes, map_a, m0 + 64, k0, &full[s]);
   } else {
     TmaLoad2d(sa, map_a, k0, m0, &full[s]);
   }
@@ -741,7 +790,7 @@ __device__ __forceinline__ void IssueStage(int flags, const CUtensorMap* map_a,
   } else {
 #pragma unroll
     for (int h = 0; h < BN / 64; ++h) {
-      TmaLoad2d(sb + h * BK * kRowBytes, map_b, n0 + h * 64, k0, &full[s]);
+      if (h < b_boxes) TmaLoad2d(sb + h * BK * kRowBytes, map_b, n0 + h * 64, k0, &full[s]);
     }
   }
 }
@@ -807,6 +856,9 @@ __device__ void Schedule(const Params& p, const Smem<BN>& sm) {
       ti.kblocks = kblocks;
       ti.flags = (pr.transpose_a ? kInfoTransposeA : 0) | (pr.transpose_b ? kInfoTransposeB : 0) |
                  (StoresByTma(p, pr) ? kInfoTmaStore : 0) |
+                 (kCluster == 1 && sizeof(T) == 2 && p.edge_tiles
+                      ? EdgeFlags<BN>(pr, ti.m0, ti.n0)
+                      : 0) |
                  (t.split >= 0 ? kInfoSplit | (t.split << kInfoSplitShift) |
                                      (t.slot << kInfoSlotShift)
                                : 0);
@@ -957,10 +1009,11 @@ __device__ void Epilogue(const DeviceGemmProblem& pr, const float (&acc)[BN / 2]
 // bytes, alternating between the warpgroup's two buffers, so that writing
 // one box overlaps the store of the one before. The stores run on after the
 // warpgroup returns to its main loop; TMA clips rows and columns outside
-// the problem. `stores` counts this warpgroup's boxes (it picks the buffer).
+// the problem. Boxes start below `width` (the tile's MMA width) only.
+// `stores` counts this warpgroup's boxes (it picks the buffer).
 template <typename TOut, int BN>
 __device__ void EpilogueTma(float alpha, const CUtensorMap* map_d, const float (&acc)[BN / 2],
-                            int row0, int col0, uint8_t* buffers, int wg, int& stores) {
+                            int row0, int col0, int width, uint8_t* buffers, int wg, int& stores) {
   constexpr int kCols = kRowBytes / static_cast<int>(sizeof(TOut));  // Columns per box.
   constexpr int kBoxes = BN / kCols;
   constexpr int kBufferBytes = Layout<BN>::kStoreBufferBytes;
@@ -969,6 +1022,7 @@ __device__ void EpilogueTma(float alpha, const CUtensorMap* map_d, const float (
   const bool leader = t == 0;
 #pragma unroll
   for (int box = 0; box < kBoxes; ++box, ++stores) {
+    if (box * kCols >= width) break;  // An edge tile's boxes end at its MMA width.
     uint8_t* buffer = buffers + (stores & 1) * kBufferBytes;
     // The store that last read this buffer (two boxes ago) is done reading.
     if (leader) BulkWaitRead<1>();
@@ -1009,13 +1063,19 @@ __device__ __forceinline__ void Release(uint64_t* empty, int s) {
   }
 }
 
-template <typename T, int BN, int kCluster, int kAmn, int kBmn>
+// A consumer warpgroup's k-blocks of one tile: MMAs kN wide (BN, or less
+// for an edge tile: they then write only the first kN / 2 accumulators,
+// the columns they cover, which hold the same places as in a full-width
+// MMA).
+template <typename T, int BN, int kN, int kCluster, int kAmn, int kBmn>
 __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, uint64_t* full,
                                          uint64_t* empty, int kblocks, int& seq, int wg,
                                          bool no_mma) {
+  static_assert(kN <= BN && kN >= 64, "MMA width");
   using L = Layout<BN>;
   constexpr int BK = Elem<T>::kBK;
   constexpr int kSteps = BK / Elem<T>::kStep;
+  float(&part)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0]);
   int previous = -1;  // Stage whose MMAs may still be running.
   for (int kb = 0; kb < kblocks; ++kb, ++seq) {
     const int s = seq % L::kStages;
@@ -1038,7 +1098,7 @@ __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, 
       } else {
         db = Desc(sb + j * 32, 16, 1024);
       }
-      if (!no_mma) Mma<T, BN, kAmn, kBmn>(acc, da, db);
+      if (!no_mma) Mma<T, kN, kAmn, kBmn>(part, da, db);
     }
     WgmmaCommit();
     // Keep this k-block's MMAs in flight; the previous block's are done, so
@@ -1051,6 +1111,42 @@ __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, 
   WgmmaWait<0>();
   FenceRegisters(acc);
   if (previous >= 0) Release<kCluster>(empty, previous);
+}
+
+// A consumer warpgroup with no rows in the tile (kInfoFirstHalf): waits for
+// each of the tile's stages and gives it back, issuing no MMA. (A run-time
+// test around MainLoop's wgmma instead makes ptxas serialize every wgmma of
+// the kernel, warning C7520.)
+template <int BN, int kCluster>
+__device__ __forceinline__ void SkipStages(uint64_t* full, uint64_t* empty, int kblocks, int& seq) {
+  using L = Layout<BN>;
+  for (int kb = 0; kb < kblocks; ++kb, ++seq) {
+    const int s = seq % L::kStages;
+    MbarWait(&full[s], (seq / L::kStages) & 1);
+    Release<kCluster>(empty, s);
+  }
+}
+
+// MainLoop at the tile's MMA width (NarrowShift of its flags).
+template <typename T, int BN, int kCluster, int kAmn, int kBmn>
+__device__ __forceinline__ void MainLoopAtWidth(int shift, float (&acc)[BN / 2], uint8_t* stages,
+                                                uint64_t* full, uint64_t* empty, int kblocks,
+                                                int& seq, int wg, bool no_mma) {
+  if constexpr (kCluster == 1 && BN / 4 >= 64) {
+    if (shift == 2) {
+      MainLoop<T, BN, BN / 4, kCluster, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, wg,
+                                                    no_mma);
+      return;
+    }
+  }
+  if constexpr (kCluster == 1 && BN / 2 >= 64) {
+    if (shift == 1) {
+      MainLoop<T, BN, BN / 2, kCluster, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, wg,
+                                                    no_mma);
+      return;
+    }
+  }
+  MainLoop<T, BN, BN, kCluster, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, wg, no_mma);
 }
 
 // Consumer warp: the TileInfo at `info`, read by lane 0 alone and passed to
@@ -1172,17 +1268,25 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
     FenceRegisters(acc);
+    // The second warpgroup of a tile whose rows all fall in the first's
+    // computes nothing (its stages' A rows are TMA's zero fill, or not
+    // loaded at all) and stores nothing.
+    const bool idle = sizeof(T) == 2 && wg == 1 && (ti.flags & kInfoFirstHalf);
     const bool no_mma = Diag(p, kDiagNoMma);
-    if constexpr (sizeof(T) == 4) {
-      MainLoop<T, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg, no_mma);
+    const int shift = NarrowShift(ti.flags);
+    if (idle) {
+      SkipStages<BN, kCluster>(full, empty, kblocks, seq);
+    } else if constexpr (sizeof(T) == 4) {
+      // TF32 tiles are never trimmed (EdgeFlags is for 16-bit inputs).
+      MainLoop<T, BN, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg, no_mma);
     } else {
       const int layout =
           ((ti.flags & kInfoTransposeA) ? 2 : 0) + ((ti.flags & kInfoTransposeB) ? 0 : 1);
       switch (layout) {
-        case 0: MainLoop<T, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
-        case 1: MainLoop<T, BN, kCluster, 0, 1>(acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
-        case 2: MainLoop<T, BN, kCluster, 1, 0>(acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
-        default: MainLoop<T, BN, kCluster, 1, 1>(acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
+        case 0: MainLoopAtWidth<T, BN, kCluster, 0, 0>(shift, acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
+        case 1: MainLoopAtWidth<T, BN, kCluster, 0, 1>(shift, acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
+        case 2: MainLoopAtWidth<T, BN, kCluster, 1, 0>(shift, acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
+        default: MainLoopAtWidth<T, BN, kCluster, 1, 1>(shift, acc, stages, full, empty, kblocks, seq, wg, no_mma); break;
       }
     }
     MATMUL_TRACE(tr[3] = clock64();)
@@ -1197,8 +1301,13 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
       }
     }
     MATMUL_TRACE(tr[4] = clock64();)
+    if (idle) {  // Its rows are all below the problem: nothing to store.
+      MATMUL_TRACE(tr[5] = tr[4]; record();)
+      continue;
+    }
     const int row0 = ti.m0 + wg * 64;
     const int col0 = ti.n0;
+    const int width = BN >> NarrowShift(ti.flags);
     if (ti.flags & kInfoTmaStore) {
       const CUtensorMap* map_d = Map(p, ti.problem, 2);
       if ((threadIdx.x & 127) == 0 && acquired_d != ti.problem && !Inline(p)) {
@@ -1209,14 +1318,16 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
       }
       switch (p.output) {
         case DType::kFloat32:
-          EpilogueTma<float, BN>(ti.alpha, map_d, acc, row0, col0, store_buffers, wg, stores);
+          EpilogueTma<float, BN>(ti.alpha, map_d, acc, row0, col0, width, store_buffers, wg,
+                                 stores);
           break;
         case DType::kBFloat16:
-          EpilogueTma<__nv_bfloat16, BN>(ti.alpha, map_d, acc, row0, col0, store_buffers, wg,
-                                         stores);
+          EpilogueTma<__nv_bfloat16, BN>(ti.alpha, map_d, acc, row0, col0, width, store_buffers,
+                                         wg, stores);
           break;
         default:
-          EpilogueTma<__half, BN>(ti.alpha, map_d, acc, row0, col0, store_buffers, wg, stores);
+          EpilogueTma<__half, BN>(ti.alpha, map_d, acc, row0, col0, width, store_buffers, wg,
+                                  stores);
           break;
       }
       MATMUL_TRACE(tr[5] = clock64(); record();)
@@ -1381,6 +1492,7 @@ cudaError_t Launch(const HopperLaunch& l) {
   p.epoch = l.epoch;
   p.output = l.output;
   p.split = l.split;
+  p.edge_tiles = l.edge_tiles;
 #ifdef MATMUL_HOPPER_DIAG
   const char* diag = std::getenv("MATMUL_HOPPER_DIAG");
   p.diag = diag != nullptr ? std::atoi(diag) : 0;

@@ -130,6 +130,8 @@ struct HopperLaunch {
   const HopperInlineBatch* inline_batch = nullptr;
   // The split-K tail, if any (single CTAs only: cluster 1).
   HopperSplit split;
+  // GroupedGemmOptions::hopper_edge_tiles (16-bit inputs, single CTAs).
+  bool edge_tiles = false;
   cudaStream_t stream = nullptr;
 };
 

@@ -53,6 +53,7 @@ class GroupedGemmTest : public ::testing::Test {
     o.hopper_cluster = cluster_;
     o.hopper_inline_problems = inline_;
     o.hopper_split_k = split_k_;
+    o.hopper_edge_tiles = edge_tiles_;
     LaunchReport report;
     Run(batch, o, &report);
     const double bound = ErrorBound(in, out, precision);
@@ -89,6 +90,8 @@ class GroupedGemmTest : public ::testing::Test {
   int inline_ = -1;
   // GroupedGemmOptions::hopper_split_k for RunAndCheck (0: the launcher's choice).
   int split_k_ = 0;
+  // GroupedGemmOptions::hopper_edge_tiles for RunAndCheck.
+  bool edge_tiles_ = false;
   std::unique_ptr<GroupedGemmLauncher> launcher_;
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;
@@ -497,46 +500,104 @@ TEST_F(GroupedGemmTest, TmaStoresStayInsideTheMatrix) {
       p.d = d;
     }
     for (int width : {256, 128, 64}) {
-      for (KernelFamily f : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
-        for (size_t i = 0; i < host.size(); ++i) {
-          const DeviceGemmProblem& p = batch.problems()[i];
-          ASSERT_EQ(cudaMemset(p.d, 0xff, (p.m + 64) * p.ldd * osz), cudaSuccess);
-        }
-        GroupedGemmOptions o;
-        o.input = in;
-        o.output = out;
-        o.family = f;
-        o.hopper_tile_n = width;
-        Run(batch, o, nullptr);
-        for (size_t i = 0; i < host.size(); ++i) {
-          const DeviceGemmProblem& p = batch.problems()[i];
-          std::vector<uint8_t> all((p.m + 64) * p.ldd * osz);
-          ASSERT_EQ(cudaMemcpy(all.data(), p.d, all.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-          std::vector<uint8_t> packed(p.m * p.n * osz);
-          size_t untouched = 0, guard = 0;
-          for (int64_t r = 0; r < p.m + 64; ++r) {
-            for (int64_t c = 0; c < p.ldd; ++c) {
-              const uint8_t* e = all.data() + (r * p.ldd + c) * osz;
-              if (r < p.m && c < p.n) {
-                std::memcpy(packed.data() + (r * p.n + c) * osz, e, osz);
-              } else {
-                ++guard;
-                bool poison = true;
-                for (size_t b = 0; b < osz; ++b) poison = poison && e[b] == 0xff;
-                untouched += poison;
+      for (bool edges : {false, true}) {
+        for (KernelFamily f : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
+          for (size_t i = 0; i < host.size(); ++i) {
+            const DeviceGemmProblem& p = batch.problems()[i];
+            ASSERT_EQ(cudaMemset(p.d, 0xff, (p.m + 64) * p.ldd * osz), cudaSuccess);
+          }
+          GroupedGemmOptions o;
+          o.input = in;
+          o.output = out;
+          o.family = f;
+          o.hopper_tile_n = width;
+          o.hopper_edge_tiles = edges;
+          Run(batch, o, nullptr);
+          for (size_t i = 0; i < host.size(); ++i) {
+            const DeviceGemmProblem& p = batch.problems()[i];
+            std::vector<uint8_t> all((p.m + 64) * p.ldd * osz);
+            ASSERT_EQ(cudaMemcpy(all.data(), p.d, all.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+            std::vector<uint8_t> packed(p.m * p.n * osz);
+            size_t untouched = 0, guard = 0;
+            for (int64_t r = 0; r < p.m + 64; ++r) {
+              for (int64_t c = 0; c < p.ldd; ++c) {
+                const uint8_t* e = all.data() + (r * p.ldd + c) * osz;
+                if (r < p.m && c < p.n) {
+                  std::memcpy(packed.data() + (r * p.n + c) * osz, e, osz);
+                } else {
+                  ++guard;
+                  bool poison = true;
+                  for (size_t b = 0; b < osz; ++b) poison = poison && e[b] == 0xff;
+                  untouched += poison;
+                }
               }
             }
+            const std::string what = absl::StrCat(p.m, "x", p.n, "x", p.k, " ", DTypeName(out),
+                                                  " width ", width, " edges ", edges,
+                                                  " family ", static_cast<int>(f));
+            EXPECT_EQ(untouched, guard) << what << ": wrote outside the matrix";
+            EXPECT_LE(CheckAgainstReference(host[i], packed, in, out), ErrorBound(in, out, Precision::kDefault))
+                << what;
           }
-          const std::string what = absl::StrCat(p.m, "x", p.n, "x", p.k, " ", DTypeName(out),
-                                                " width ", width, " family ", static_cast<int>(f));
-          EXPECT_EQ(untouched, guard) << what << ": wrote outside the matrix";
-          EXPECT_LE(CheckAgainstReference(host[i], packed, in, out), ErrorBound(in, out, Precision::kDefault))
-              << what;
         }
       }
     }
     for (void* d : padded) cudaFree(d);
   }
+}
+
+// GroupedGemmOptions::hopper_edge_tiles: edge tiles of 16-bit inputs run
+// narrower MMAs (half or a quarter of the tile's width, loading only those
+// columns of B stored k x n and storing only those boxes) and leave the
+// second consumer warpgroup idle when their rows fit the first's 64.
+// Columns and rows just under, at and just over each of those bounds, every
+// operand layout, C read (the register epilogue) or not (TMA stores), 16-bit
+// and float32 outputs, every tile width, both grids; TF32 (never trimmed)
+// with the option on; and split-K tails whose split tiles are edge tiles.
+TEST_F(GroupedGemmTest, EdgeTilesAtEveryNarrowerWidth) {
+  edge_tiles_ = true;
+  const TypeCase types[] = {kTypes[0], {DType::kBFloat16, DType::kFloat32, Precision::kDefault},
+                            kTypes[1], kTypes[2]};
+  for (const TypeCase& t : types) {
+    std::vector<HostProblem> batch;
+    int i = 0;
+    for (int64_t m : {8, 64, 72, 136, 200}) {
+      for (int64_t n : {8, 64, 72, 128, 136, 256, 264}) {
+        for (int v = 0; v < 4; ++v, ++i) {
+          batch.push_back(MakeHostProblem(m, n, 72, t.in, t.out, rng_, v & 1, v & 2, 1.25,
+                                          i % 3 == 0 ? 0.5 : 0.0));
+        }
+      }
+    }
+    for (int width : {256, 128, 64}) {
+      tile_n_ = width;
+      for (KernelFamily f : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
+        const LaunchReport report = RunAndCheck(
+            batch, t.in, t.out, t.precision, f, 0,
+            absl::StrCat("width ", width, " family ", static_cast<int>(f), " ", DTypeName(t.in),
+                         "->", DTypeName(t.out)));
+        if (launcher_->has_hopper_kernels()) {
+          EXPECT_EQ(report.hopper_problems, static_cast<int>(batch.size()));
+        }
+      }
+    }
+  }
+  tile_n_ = kHopperWideN;
+  split_k_ = 3;
+  for (const auto& s : {std::array<int64_t, 3>{300, 520, 2000}, std::array<int64_t, 3>{136, 72, 1000},
+                        std::array<int64_t, 3>{2056, 136, 136}}) {
+    for (int v = 0; v < 4; ++v) {
+      const LaunchReport report = RunAndCheck(
+          {MakeHostProblem(s[0], s[1], s[2], DType::kBFloat16, DType::kBFloat16, rng_, v & 1,
+                           v & 2, 1.0, v == 3 ? 0.5 : 0.0)},
+          DType::kBFloat16, DType::kBFloat16, Precision::kDefault, KernelFamily::kPersistent, 0,
+          absl::StrCat("split ", s[0], "x", s[1], "x", s[2], " layout ", v));
+      if (launcher_->has_hopper_kernels()) EXPECT_GT(report.hopper_split_tiles, 0);
+    }
+  }
+  split_k_ = 0;
+  tile_n_ = 0;
+  edge_tiles_ = false;
 }
 
 // Problems without tiles (no rows or no columns) among others in a batch
