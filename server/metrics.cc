@@ -192,21 +192,27 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry,
 }
 
 void Metrics::RequestFinished(absl::string_view method, int grpc_code, double seconds) {
-  requests_total_.Add({{"method", std::string(method)}, {"code", std::string(CodeName(grpc_code))}})
-      .Increment();
+  // Codes without a name of their own count as UNKNOWN (2), as CodeName says.
+  const int code = grpc_code >= 0 && grpc_code < kGrpcCodes ? grpc_code : 2;
   prometheus::Histogram* histogram;
+  prometheus::Counter* counter;
   {
     absl::MutexLock lock(&mu_);
-    auto it = request_duration_by_method_.find(method);
-    if (it == request_duration_by_method_.end()) {
-      it = request_duration_by_method_
-               .emplace(std::string(method),
-                        &request_duration_.Add({{"method", std::string(method)}},
-                                               LatencyBuckets()))
-               .first;
+    auto it = by_method_.find(method);
+    if (it == by_method_.end()) {
+      MethodMetrics made;
+      made.duration = &request_duration_.Add({{"method", std::string(method)}}, LatencyBuckets());
+      it = by_method_.emplace(std::string(method), made).first;
     }
-    histogram = it->second;
+    prometheus::Counter*& requests = it->second.requests[code];
+    if (requests == nullptr) {
+      requests = &requests_total_.Add(
+          {{"method", std::string(method)}, {"code", std::string(CodeName(code))}});
+    }
+    histogram = it->second.duration;
+    counter = requests;
   }
+  counter->Increment();
   histogram->Observe(seconds);
 }
 

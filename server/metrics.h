@@ -16,6 +16,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -92,10 +93,21 @@ class Metrics {
 
   prometheus::Family<prometheus::Counter>& requests_total_;
   prometheus::Family<prometheus::Histogram>& request_duration_;
-  // Histograms keyed by method, created on first use (guarded by mu_).
+  // gRPC status codes that have a name of their own (0-16); others count
+  // as UNKNOWN, as CodeName says.
+  static constexpr int kGrpcCodes = 17;
+  // One method's request metrics, each made on first use: its latency
+  // histogram and its request counter per status code. Finding them here
+  // costs a request one lookup under mu_, not prometheus-cpp's Family::Add
+  // (a label map built, hashed and looked up under the family's lock),
+  // which the development machine's instruction profile put at half of the
+  // metrics' cost per request.
+  struct MethodMetrics {
+    prometheus::Histogram* duration = nullptr;
+    std::array<prometheus::Counter*, kGrpcCodes> requests{};
+  };
   absl::Mutex mu_;
-  std::map<std::string, prometheus::Histogram*, std::less<>> request_duration_by_method_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, MethodMetrics, std::less<>> by_method_ ABSL_GUARDED_BY(mu_);
   prometheus::Histogram* queue_duration_;
   // Per device, in device order.
   std::vector<prometheus::Histogram*> compute_duration_;
