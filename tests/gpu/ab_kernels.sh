@@ -10,7 +10,9 @@
 # Default args: bf16 2048^3, 4096^3, 8192^3, 4096x4096x8192 and the three
 # grouped batches, --quick. JSON per run goes to OUT_DIR; a table of the
 # median microseconds per row and build is printed last (cuBLAS rows come
-# from both builds' runs).
+# from both builds' runs). NEW_FLAGS and BASE_FLAGS add arguments to one
+# side only, so that one build can be compared with itself under two
+# settings (NEW_FLAGS=--edge_tiles=1 ab_kernels.sh BENCH BENCH OUT).
 set -uo pipefail
 new=$1 base=$2 out=$3 rounds=${4:-2}
 shift $(( $# >= 4 ? 4 : 3 ))
@@ -24,9 +26,10 @@ lib=$(dirname "$new")/../lib
 [[ -d $lib ]] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for ((r = 1; r <= rounds; ++r)); do
   for v in new base; do
-    bin=$new
-    [[ $v == base ]] && bin=$base
-    timeout 300 "$bin" --timing=back-to-back "${args[@]}" --json="$out/${v}_$r.json" \
+    bin=$new flags=${NEW_FLAGS:-}
+    [[ $v == base ]] && bin=$base flags=${BASE_FLAGS:-}
+    # shellcheck disable=SC2086
+    timeout 300 "$bin" --timing=back-to-back "${args[@]}" $flags --json="$out/${v}_$r.json" \
       >"$out/${v}_$r.log" 2>&1
     echo "round $r $v rc=$?"
   done
