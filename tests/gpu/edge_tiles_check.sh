@@ -25,15 +25,8 @@ mkdir -p "$out"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version,temperature.gpu --format=csv \
     >"$out/gpu_$phase.txt" 2>&1
-summary=()
-run() {  # name, timeout, command...
-  local name=$1 limit=$2; shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-18s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" \
-      "$(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY' "$out/$name.log" | tr '\n' ' ')")")
-}
+summary_pattern='^\[  (PASSED|FAILED) |ERROR SUMMARY'
+source "$here/run_step.sh"
 case "$phase" in
   tests)
     sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

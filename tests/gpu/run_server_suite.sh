@@ -13,14 +13,8 @@ bundle=$1 out=$2 mode=${3:-full}
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$out"
 [[ -d $bundle/lib ]] && export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-summary=()
-run() {  # name, timeout, command...
-  local name=$1 limit=$2; shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-22s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" "$(grep -E 'PASSED|FAILED|^Ran |^OK|^FAILED' "$out/$name.log" | tail -2 | tr '\n' ' ')")")
-}
+summary_pattern='PASSED|FAILED|^Ran |^OK|^FAILED'
+source "$here/run_step.sh"
 run gpu_server_test 300 env MATMUL_SERVER_BINARY="$bundle/bin/matmul-server" \
     "$bundle/bin/gpu_server_test" --gtest_brief=1
 run python_cuda 300 env PYTHONPATH="$bundle/python:$bundle/tests/python" \

@@ -12,14 +12,8 @@ bin=$1 out=$2 mode=${3:-full}
 mkdir -p "$out"
 [[ -d $bin/../lib ]] && export LD_LIBRARY_PATH="$bin/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv | tee "$out/gpu.txt"
-summary=()
-run() {  # name, timeout, command...
-  local name=$1 limit=$2; shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-22s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" "$(grep -E 'PASSED|FAILED|tests ran' "$out/$name.log" | tail -2 | tr '\n' ' ')")")
-}
+summary_pattern='PASSED|FAILED|tests ran'
+source "$(dirname "${BASH_SOURCE[0]}")/run_step.sh"
 run grouped_gemm_test 420 "$bin/grouped_gemm_test" --gtest_brief=1
 run cuda_engine_test 240 "$bin/cuda_engine_test" --gtest_brief=1
 if [[ $mode == quick ]]; then

@@ -1,0 +1,17 @@
+# Sourced by the GPU scripts (run_suite.sh, run_server_suite.sh,
+# edge_tiles_check.sh): `run NAME LIMIT COMMAND...` runs COMMAND under a
+# time limit of LIMIT seconds with its output in $out/NAME.log, and adds a
+# line to the array `summary` (print it last): the name, the exit status,
+# the seconds taken and the log's last two lines matching $summary_pattern
+# (default: GoogleTest's PASSED and FAILED lines).
+summary=()
+summary_pattern=${summary_pattern:-'PASSED|FAILED'}
+run() {  # name, timeout, command...
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-22s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" \
+      "$(grep -E "$summary_pattern" "$out/$name.log" | tail -2 | tr '\n' ' ')")")
+}
