@@ -54,9 +54,10 @@
 // that narrow (N = BN/2 or BN/4, at least 64), loads only those columns of
 // B where B is stored k x n, and TMA-stores only those boxes; a tile whose
 // rows inside the problem fit the first consumer warpgroup's 64 leaves the
-// second warpgroup idle (no MMA, no store). Batches of small problems are mostly such tiles: on the H200 a
-// batch of 1024 problems of 64..256 spent as long in each tile's epilogue
-// as in its main loop (docs/BENCHMARKS.md, eighth round).
+// second warpgroup idle (no MMA, no store). Batches of small problems are
+// mostly such tiles: on the H200 a batch of 1024 problems of 64..256 spent
+// as long in each tile's epilogue as in its main loop (docs/BENCHMARKS.md,
+// eighth round).
 //
 // Split-K tail (HopperSplit, kernels.h): a lone problem's last tiles may
 // come as several units each, one per k-range. A unit's consumers write
@@ -1307,7 +1308,7 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
     }
     const int row0 = ti.m0 + wg * 64;
     const int col0 = ti.n0;
-    const int width = BN >> NarrowShift(ti.flags);
+    const int width = BN >> shift;
     if (ti.flags & kInfoTmaStore) {
       const CUtensorMap* map_d = Map(p, ti.problem, 2);
       if ((threadIdx.x & 127) == 0 && acquired_d != ti.problem && !Inline(p)) {
