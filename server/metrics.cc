@@ -8,15 +8,18 @@ namespace matmul::server {
 namespace {
 
 // gRPC status code names as grpc-go and the gRPC docs spell them.
-absl::string_view CodeName(int code) {
-  static constexpr absl::string_view kNames[] = {
-      "OK",           "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",    "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",    "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",       "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  if (code < 0 || code >= static_cast<int>(std::size(kNames))) return "UNKNOWN";
-  return kNames[code];
+constexpr absl::string_view kCodeNames[] = {
+    "OK",           "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",    "OUT_OF_RANGE",
+    "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",       "DATA_LOSS",
+    "UNAUTHENTICATED"};
+static_assert(std::size(kCodeNames) == Metrics::kGrpcCodes, "a name for every code counted");
+
+// `code` as an index of kCodeNames: codes without a name of their own count
+// as UNKNOWN.
+int CodeIndex(int code) {
+  return code >= 0 && code < Metrics::kGrpcCodes ? code : grpc::StatusCode::UNKNOWN;
 }
 
 absl::string_view ReasonName(RejectReason r) {
@@ -192,8 +195,7 @@ Metrics::Metrics(std::shared_ptr<prometheus::Registry> registry,
 }
 
 void Metrics::RequestFinished(absl::string_view method, int grpc_code, double seconds) {
-  // Codes without a name of their own count as UNKNOWN (2), as CodeName says.
-  const int code = grpc_code >= 0 && grpc_code < kGrpcCodes ? grpc_code : 2;
+  const int code = CodeIndex(grpc_code);
   prometheus::Histogram* histogram;
   prometheus::Counter* counter;
   {
@@ -207,7 +209,7 @@ void Metrics::RequestFinished(absl::string_view method, int grpc_code, double se
     prometheus::Counter*& requests = it->second.requests[code];
     if (requests == nullptr) {
       requests = &requests_total_.Add(
-          {{"method", std::string(method)}, {"code", std::string(CodeName(code))}});
+          {{"method", std::string(method)}, {"code", std::string(kCodeNames[code])}});
     }
     histogram = it->second.duration;
     counter = requests;

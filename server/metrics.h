@@ -42,6 +42,10 @@ enum class RejectReason {
 
 class Metrics {
  public:
+  // gRPC status codes with a label of their own (0-16); requests_total
+  // counts any other code as UNKNOWN.
+  static constexpr int kGrpcCodes = 17;
+
   // `device_ids` label the per-device series ("cpu:0", "cuda:0", ...).
   // `build` labels the build-info gauge (version, commit, backend, ...).
   Metrics(std::shared_ptr<prometheus::Registry> registry, const std::vector<std::string>& device_ids,
@@ -93,9 +97,6 @@ class Metrics {
 
   prometheus::Family<prometheus::Counter>& requests_total_;
   prometheus::Family<prometheus::Histogram>& request_duration_;
-  // gRPC status codes that have a name of their own (0-16); others count
-  // as UNKNOWN, as CodeName says.
-  static constexpr int kGrpcCodes = 17;
   // One method's request metrics, each made on first use: its latency
   // histogram and its request counter per status code. Finding them here
   // costs a request one lookup under mu_, not prometheus-cpp's Family::Add
