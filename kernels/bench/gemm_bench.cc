@@ -14,8 +14,8 @@
 // memory; default: the launcher's limit). --split_k=N sets
 // GroupedGemmOptions::hopper_split_k for the single problems (0, the
 // default: the launcher's cost model; 1: no split-K tail; N: N k-ranges).
-// --edge_tiles=1 sets GroupedGemmOptions::hopper_edge_tiles for every row
-// of ours (edge tiles run narrower MMAs; off by default), so that one build
+// --edge_tiles=0|1 sets GroupedGemmOptions::hopper_edge_tiles for every row
+// of ours (edge tiles run narrower MMAs; on by default), so that one build
 // measures both ways. --reps=N times every row N times instead of the
 // default count (for a host profile of the launcher, say: CPUPROFILE with
 // many repetitions).
@@ -166,7 +166,7 @@ int g_split_k = 0;
 // Single-problem rows with B stored n x k instead of k x n (--b_stored=nxk).
 bool g_b_nxk = false;
 // GroupedGemmOptions::hopper_edge_tiles (--edge_tiles).
-bool g_edge_tiles = false;
+bool g_edge_tiles = GroupedGemmOptions().hopper_edge_tiles;
 // Timed runs per row (--reps); 0: the default for the row and mode.
 int g_reps = 0;
 constexpr int kBatch = 8;

@@ -85,9 +85,10 @@ struct GroupedGemmOptions {
   // as narrow as the columns they have inside the problem (half or a
   // quarter of the tile's width), loads and stores of those columns only,
   // and no work for the second consumer warpgroup where the rows fit the
-  // first's 64. Off until it has been measured on a GPU (docs/BENCHMARKS.md);
-  // for benchmarks and tests.
-  bool hopper_edge_tiles = false;
+  // first's 64. On by default since measured on an H100 (docs/BENCHMARKS.md,
+  // tenth round: odd single problems 4-13% faster, grouped batches 0-3%,
+  // no row slower); off only for benchmarks and tests of the full-width path.
+  bool hopper_edge_tiles = true;
 };
 
 // What ran, for benchmarks and tests.

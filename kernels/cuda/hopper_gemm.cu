@@ -49,7 +49,7 @@
 // 8-12% of a large problem's time, more for small grouped problems.
 //
 // Edge tiles (single CTAs and 16-bit inputs, where the launch asks for it
-// with HopperLaunch::edge_tiles, off by default until measured): a tile
+// with HopperLaunch::edge_tiles, as the launcher does by default): a tile
 // whose columns inside the problem fit half or a quarter of BN runs wgmma
 // that narrow (N = BN/2 or BN/4, at least 64), loads only those columns of
 // B where B is stored k x n, and TMA-stores only those boxes; a tile whose
