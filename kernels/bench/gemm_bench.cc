@@ -4,6 +4,7 @@
 //              [--only=single|grouped] [--size=LABEL]... [--dtype=NAME]...
 //              [--tile_n=256|128|64] [--cluster=1|2] [--b_stored=kxn|nxk]
 //              [--inline=N] [--split_k=N] [--edge_tiles=0|1] [--reps=N]
+//              [--row_align=BYTES]
 //
 // --size picks single-problem rows by label (4096^3) and grouped batches by
 // their problem count (256, 1024, 64); a label MxNxK not in the table (such
@@ -14,7 +15,10 @@
 // memory; default: the launcher's limit). --split_k=N sets
 // GroupedGemmOptions::hopper_split_k for the single problems (0, the
 // default: the launcher's cost model; 1: no split-K tail; N: N k-ranges).
-// --edge_tiles=0|1 sets GroupedGemmOptions::hopper_edge_tiles for every row
+// --row_align=BYTES starts every row of A, B and D on a multiple of BYTES
+// (16, 32, 128...; default 0: rows packed, as a caller's matrices come), as
+// an engine that lays out its own copies can (the padding is random data,
+// never read). --edge_tiles=0|1 sets GroupedGemmOptions::hopper_edge_tiles for every row
 // of ours (edge tiles run narrower MMAs; on by default), so that one build
 // measures both ways. --reps=N times every row N times instead of the
 // default count (for a host profile of the launcher, say: CPUPROFILE with
@@ -107,6 +111,25 @@ void FillRandom(void* device, DType type, size_t n, std::mt19937_64& rng) {
   }
 }
 
+// Row starts of every matrix on a multiple of this many bytes (--row_align;
+// 0: rows packed).
+int64_t g_row_align = 0;
+
+// Elements per row of a matrix `cols` wide: packed, or padded to
+// --row_align.
+int64_t Ld(int64_t cols, DType type) {
+  const int64_t size = static_cast<int64_t>(ElementSize(type));
+  if (g_row_align <= 0) return cols;
+  return (cols * size + g_row_align - 1) / g_row_align * g_row_align / size;
+}
+
+// Copies D of `from` (m x n, its own pitch) to D of `to`, on the device.
+void CopyD(const DeviceGemmProblem& to, const DeviceGemmProblem& from, DType out) {
+  const size_t size = ElementSize(out);
+  CHECK_CUDA(cudaMemcpy2D(to.d, to.ldd * size, from.d, from.ldd * size, from.n * size, from.m,
+                          cudaMemcpyDeviceToDevice));
+}
+
 // B is stored k x n (row-major) unless `b_nxk`, where it is stored n x k
 // (the kernel's K-major B, what a weight matrix kept as [out, in] gives).
 std::unique_ptr<Buffers> MakeBuffers(const std::vector<Shape>& shapes, DType in, DType out,
@@ -126,17 +149,18 @@ std::unique_ptr<Buffers> MakeBuffers(const std::vector<Shape>& shapes, DType in,
       p.m = s.m;
       p.n = s.n;
       p.k = s.k;
-      p.lda = s.k;
-      p.ldb = b_nxk ? s.k : s.n;
+      p.lda = Ld(s.k, in);
+      p.ldb = b_nxk ? Ld(s.k, in) : Ld(s.n, in);
       p.transpose_b = b_nxk;
-      p.ldc = p.ldd = s.n;
+      p.ldc = p.ldd = Ld(s.n, out);
+      const int64_t a_elements = s.m * p.lda, b_elements = (b_nxk ? s.n : s.k) * p.ldb;
       void *a, *bb, *d;
-      CHECK_CUDA(cudaMalloc(&a, s.m * s.k * ElementSize(in)));
-      CHECK_CUDA(cudaMalloc(&bb, s.k * s.n * ElementSize(in)));
-      CHECK_CUDA(cudaMalloc(&d, s.m * s.n * ElementSize(out)));
+      CHECK_CUDA(cudaMalloc(&a, a_elements * ElementSize(in)));
+      CHECK_CUDA(cudaMalloc(&bb, b_elements * ElementSize(in)));
+      CHECK_CUDA(cudaMalloc(&d, s.m * p.ldd * ElementSize(out)));
       b->allocations.insert(b->allocations.end(), {a, bb, d});
-      FillRandom(a, in, s.m * s.k, rng);
-      FillRandom(bb, in, s.k * s.n, rng);
+      FillRandom(a, in, a_elements, rng);
+      FillRandom(bb, in, b_elements, rng);
       p.a = a;
       p.b = bb;
       p.d = d;
@@ -226,10 +250,12 @@ double Compare(const std::vector<DeviceGemmProblem>& ours, const std::vector<Dev
                DType out) {
   double worst = 0;
   for (size_t i = 0; i < ours.size(); ++i) {
-    const size_t n = ours[i].m * ours[i].n;
-    std::vector<uint8_t> a(n * ElementSize(out)), b(a.size());
-    cudaMemcpy(a.data(), ours[i].d, a.size(), cudaMemcpyDeviceToHost);
-    cudaMemcpy(b.data(), ref[i].d, b.size(), cudaMemcpyDeviceToHost);
+    const size_t n = ours[i].m * ours[i].n, size = ElementSize(out), row = ours[i].n * size;
+    std::vector<uint8_t> a(n * size), b(a.size());
+    cudaMemcpy2D(a.data(), row, ours[i].d, ours[i].ldd * size, row, ours[i].m,
+                 cudaMemcpyDeviceToHost);
+    cudaMemcpy2D(b.data(), row, ref[i].d, ref[i].ldd * size, row, ref[i].m,
+                 cudaMemcpyDeviceToHost);
     worst = std::max(worst, RelativeError(ToDouble(b.data(), out, n), a.data(), out));
   }
   return worst;
@@ -296,8 +322,7 @@ class Bench {
         cublas_ms = ms;
         // Keep cuBLAS's result as the reference for the check below.
         for (size_t i = 0; i < shapes.size(); ++i) {
-          CHECK_CUDA(cudaMemcpy(ref->sets[0][i].d, buffers->sets[0][i].d,
-                                shape.m * shape.n * ElementSize(out), cudaMemcpyDeviceToDevice));
+          CopyD(ref->sets[0][i], buffers->sets[0][i], out);
         }
       } else {
         LaunchReport report;
@@ -345,10 +370,7 @@ class Bench {
       CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
     });
     const double loop_ms = loop.ms;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      CHECK_CUDA(cudaMemcpy(ref->sets[0][i].d, buffers->sets[0][i].d,
-                            shapes[i].m * shapes[i].n * ElementSize(out), cudaMemcpyDeviceToDevice));
-    }
+    for (size_t i = 0; i < shapes.size(); ++i) CopyD(ref->sets[0][i], buffers->sets[0][i], out);
     // cuBLAS grouped.
     const Timed grouped = CublasGrouped(*buffers, in, out, reps);
     const double grouped_ms = grouped.ms;
@@ -490,6 +512,7 @@ int Main(int argc, char** argv) {
     else if (a == "--edge_tiles=1") g_edge_tiles = true;
     else if (a == "--edge_tiles=0") g_edge_tiles = false;
     else if (a.rfind("--reps=", 0) == 0) g_reps = std::atoi(a.c_str() + 7);
+    else if (a.rfind("--row_align=", 0) == 0) g_row_align = std::atoll(a.c_str() + 12);
     else if (a == "--b_stored=nxk") g_b_nxk = true;
     else if (a == "--b_stored=kxn") g_b_nxk = false;
     else {
