@@ -35,6 +35,7 @@ absl::StatusOr<EngineSet> CreateGpuEngines(const EngineOptions& options) {
   cuda.resident_bytes = options.gpu_resident_bytes;
   cuda.kernels = options.cuda_kernels;
   cuda.host_wait = options.cuda_host_wait;
+  cuda.resident_row_align = options.cuda_resident_row_align;
   absl::StatusOr<CudaEngineSet> engines = CreateCudaEngines(cuda);
   if (!engines.ok()) return engines.status();
   EngineSet set;

@@ -39,6 +39,9 @@ struct EngineOptions {
   // the GPU is done; its core serves gRPC meanwhile) or "auto" (CUDA's
   // choice: spin unless there are more contexts than cores).
   std::string cuda_host_wait = "auto";
+  // Byte alignment of long rows of matrices kept on a GPU: 16, 32, 64 or
+  // 128 (CudaEngineOptions::resident_row_align).
+  int cuda_resident_row_align = 16;
   // CPU workers (engines); each runs whole batches with OpenBLAS.
   int cpu_workers = 1;
   // OpenBLAS threads; 0 means all cores.

@@ -52,6 +52,10 @@ ABSL_FLAG(std::string, cuda_host_wait, "auto",
           "How a worker thread waits for its GPU batch: spin (lowest latency, a core busy per "
           "batch in flight), yield, block (sleeps; the core serves gRPC meanwhile), or auto "
           "(CUDA's choice: spin unless contexts outnumber cores).");
+ABSL_FLAG(int32_t, cuda_resident_row_align, 16,
+          "Byte alignment of rows of 1 KiB or more of matrices kept on a GPU: 16, 32 (a "
+          "sector), 64 or 128 (a line); wider alignment spares the kernels split sectors on "
+          "odd widths for at most 1/8 more memory.");
 ABSL_FLAG(std::vector<std::string>, grpc_arg, {},
           "Extra gRPC server channel arguments, name=value, comma separated (e.g. "
           "grpc.http2.max_frame_size=1048576); integer values are passed as integers. gRPC "
@@ -197,6 +201,7 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   config.engine.pinned_host_bytes =
       pinned == -1 ? DefaultPinnedHostBytes() : static_cast<uint64_t>(pinned);
   config.engine.cuda_host_wait = absl::GetFlag(FLAGS_cuda_host_wait);
+  config.engine.cuda_resident_row_align = absl::GetFlag(FLAGS_cuda_resident_row_align);
   config.engine.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
   config.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   config.lanes_per_device = absl::GetFlag(FLAGS_lanes_per_device);

@@ -55,6 +55,25 @@ int64_t PaddedLd(int64_t cols, DType t) {
   return static_cast<int64_t>(AlignUp(cols * size, 16)) / size;
 }
 
+// Rows of a resident matrix at least this long start on
+// CudaEngineOptions::resident_row_align (ResidentLd): the padding is then
+// at most 1/8 of a row.
+constexpr int64_t kAlignedRowBytes = 1024;
+
+// Elements per row of a resident matrix. Rows that are 16 bytes but not a
+// 32-byte sector off a line make every 128-byte TMA box row touch five
+// sectors instead of four: on the H200 a k-block of 2056^3 (4112-byte
+// rows) took 0.94 µs against 0.63 with all SMs loading (docs/BENCHMARKS.md,
+// eighth round). A resident matrix is uploaded once and read by every
+// product that names it, so its long rows can start on `align` bytes for
+// free. Operands sent with each request keep 16-byte rows: padding them
+// further would cost a host-side repack of each one.
+int64_t ResidentLd(int64_t cols, DType t, int align) {
+  const int64_t size = static_cast<int64_t>(ElementSize(t));
+  if (cols * size < kAlignedRowBytes) return PaddedLd(cols, t);
+  return static_cast<int64_t>(AlignUp(cols * size, align)) / size;
+}
+
 // Where one problem's padded operands sit in a chunk.
 struct Placement {
   // Offsets: a, b (and c: C staged for a resident D) in the upload region,
@@ -129,7 +148,8 @@ class CudaEngine final : public Engine {
  public:
   CudaEngine(int ordinal, DeviceDescription device, std::unique_ptr<GroupedGemmLauncher> launcher,
              std::unique_ptr<cuda::DevicePool> pool, std::shared_ptr<cuda::DevicePool> resident_pool,
-             KernelFamily family, std::map<DType, bool> hopper_ok, HostBufferPool* host_buffers)
+             KernelFamily family, std::map<DType, bool> hopper_ok, HostBufferPool* host_buffers,
+             int resident_row_align)
       : ordinal_(ordinal),
         device_(std::move(device)),
         launcher_(std::move(launcher)),
@@ -137,7 +157,8 @@ class CudaEngine final : public Engine {
         resident_pool_(std::move(resident_pool)),
         family_(family),
         hopper_ok_(std::move(hopper_ok)),
-        host_buffers_(host_buffers) {}
+        host_buffers_(host_buffers),
+        resident_row_align_(resident_row_align) {}
 
   ~CudaEngine() override {
     cudaSetDevice(ordinal_);
@@ -174,7 +195,7 @@ class CudaEngine final : public Engine {
       return absl::ResourceExhaustedError(
           absl::StrCat(device_.id, " keeps no resident matrices (no resident memory reserved)"));
     }
-    const int64_t ld = PaddedLd(cols, dtype);
+    const int64_t ld = ResidentLd(cols, dtype, resident_row_align_);
     const size_t size = ElementSize(dtype);
     const uint64_t footprint = AlignUp(static_cast<size_t>(rows) * ld * size);
     absl::StatusOr<void*> memory = resident_pool_->TryAllocate(footprint);
@@ -590,6 +611,8 @@ class CudaEngine final : public Engine {
   // Pinned host buffers for callers' operands and results (process-wide;
   // null when off).
   HostBufferPool* const host_buffers_;
+  // CudaEngineOptions::resident_row_align.
+  const int resident_row_align_;
   std::atomic<bool> healthy_{true};
   absl::Mutex contexts_mu_;
   std::vector<Context> contexts_ ABSL_GUARDED_BY(contexts_mu_);
@@ -733,6 +756,12 @@ absl::StatusOr<CudaEngineSet> CreateCudaEngines(const CudaEngineOptions& options
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda host wait must be auto, spin, yield or block, got \"", options.host_wait, "\""));
   }
+  if (options.resident_row_align != 16 && options.resident_row_align != 32 &&
+      options.resident_row_align != 64 && options.resident_row_align != 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda resident row alignment must be 16, 32, 64 or 128 bytes, got ",
+        options.resident_row_align));
+  }
   if (!(options.memory_fraction > 0 && options.memory_fraction <= 0.95)) {
     return absl::InvalidArgumentError("gpu_memory_fraction must be in (0, 0.95]");
   }
@@ -823,7 +852,8 @@ absl::StatusOr<CudaEngineSet> CreateCudaEngines(const CudaEngineOptions& options
     if (!pool.ok()) return pool.status();
     set.engines.push_back(std::make_unique<CudaEngine>(d, std::move(device), *std::move(launcher),
                                                        *std::move(pool), std::move(resident_pool),
-                                                       family, hopper_ok, host_buffers));
+                                                       family, hopper_ok, host_buffers,
+                                                       options.resident_row_align));
   }
   return set;
 }

@@ -50,6 +50,12 @@ struct CudaEngineOptions {
   // How host threads wait for the GPU: "auto", "spin", "yield" or "block"
   // (cudaDeviceSchedule*); set on each device before its context exists.
   std::string host_wait = "auto";
+  // Rows of resident matrices that are 1 KiB or longer start on multiples
+  // of this many bytes: 16 (what TMA needs; the default), 32 (a sector), 64
+  // or 128 (a line). Rows 16 bytes off a sector cost the kernel up to a
+  // third of each k-block on the H200 (docs/BENCHMARKS.md, eighth round);
+  // wider alignment is off until measured in the service.
+  int resident_row_align = 16;
 };
 
 struct CudaEngineSet {
