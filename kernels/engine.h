@@ -171,6 +171,12 @@ class Engine {
   virtual absl::StatusOr<std::unique_ptr<ResidentMatrix>> CreateResident(int64_t rows,
                                                                          int64_t cols, DType dtype,
                                                                          const void* host);
+  // The footprint() that CreateResident(rows, cols, dtype, ...) would give
+  // its matrix: the memory it would hold, padding included. The default:
+  // the dense size.
+  virtual uint64_t ResidentFootprint(int64_t rows, int64_t cols, DType dtype) const {
+    return static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) * ElementSize(dtype);
+  }
   // Copies `matrix` (made by this engine) to `host`, dense row-major,
   // matrix.bytes() long.
   virtual absl::Status ReadResident(const ResidentMatrix& matrix, void* host);

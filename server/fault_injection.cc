@@ -22,6 +22,9 @@ class FailingEngine final : public Engine {
                                                                  const void* host) override {
     return inner_->CreateResident(rows, cols, dtype, host);
   }
+  uint64_t ResidentFootprint(int64_t rows, int64_t cols, DType dtype) const override {
+    return inner_->ResidentFootprint(rows, cols, dtype);
+  }
   absl::Status ReadResident(const ResidentMatrix& matrix, void* host) override {
     return inner_->ReadResident(matrix, host);
   }

@@ -450,22 +450,26 @@ class MatmulServiceImpl::UploadCall final : public grpc::ServerReadReactor<v1::U
       rows_ = static_cast<int64_t>(chunk_.rows());
       cols_ = static_cast<int64_t>(chunk_.cols());
       dtype_ = *FromProto(chunk_.dtype());
-      if (absl::Status s = service_->options_.store->Reserve(client_, *bytes); !s.ok()) return s;
-      reserved_ = *bytes;
+      // The budget counts what the engines would hold (rows padded), the
+      // receive buffer the dense bytes.
+      const uint64_t budget = service_->options_.store->BudgetBytes(rows_, cols_, dtype_);
+      if (absl::Status s = service_->options_.store->Reserve(client_, budget); !s.ok()) return s;
+      reserved_ = budget;
+      expected_ = *bytes;
       try {
-        data_.reserve(reserved_);
+        data_.reserve(expected_);
       } catch (const std::bad_alloc&) {
         return absl::ResourceExhaustedError(
-            absl::StrCat("cannot allocate ", reserved_, " bytes to receive the matrix"));
+            absl::StrCat("cannot allocate ", expected_, " bytes to receive the matrix"));
       }
     } else if ((chunk_.rows() != 0 && chunk_.rows() != static_cast<uint64_t>(rows_)) ||
                (chunk_.cols() != 0 && chunk_.cols() != static_cast<uint64_t>(cols_))) {
       return absl::InvalidArgumentError(
           "rows, cols: a later chunk names another shape than the first");
     }
-    if (data_.size() + chunk_.data().size() > reserved_) {
+    if (data_.size() + chunk_.data().size() > expected_) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "data: more than the ", reserved_, " bytes the shape declares (", data_.size(),
+          "data: more than the ", expected_, " bytes the shape declares (", data_.size(),
           " received, then a chunk of ", chunk_.data().size(), ")"));
     }
     data_.append(chunk_.data());
@@ -475,8 +479,8 @@ class MatmulServiceImpl::UploadCall final : public grpc::ServerReadReactor<v1::U
   // The client half-closed: store what arrived.
   absl::Status Store() {
     if (!started_) return absl::InvalidArgumentError("rows: no chunk received; the first carries the shape");
-    if (data_.size() != reserved_) {
-      return absl::InvalidArgumentError(absl::StrCat("data: expected ", reserved_,
+    if (data_.size() != expected_) {
+      return absl::InvalidArgumentError(absl::StrCat("data: expected ", expected_,
                                                      " bytes in all, received ", data_.size()));
     }
     absl::StatusOr<v1::MatrixHandle> handle =
@@ -503,8 +507,11 @@ class MatmulServiceImpl::UploadCall final : public grpc::ServerReadReactor<v1::U
   int64_t rows_ = 0, cols_ = 0;
   DType dtype_ = DType::kFloat32;
   absl::Duration ttl_;
-  // Bytes held in the store's budget until the matrix is stored.
+  // Bytes held in the store's budget until the matrix is stored
+  // (MatrixStore::BudgetBytes of the shape).
   uint64_t reserved_ = 0;
+  // Dense bytes the shape declares: what the chunks must add up to.
+  uint64_t expected_ = 0;
   std::string data_;
 };
 

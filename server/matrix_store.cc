@@ -1,5 +1,6 @@
 #include "server/matrix_store.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -102,6 +103,7 @@ class MatrixStore::Operands final : public ResidentOperands {
     matrix->rows_ = rows_;
     matrix->cols_ = cols_;
     matrix->dtype_ = dtype_;
+    matrix->budget_bytes_ = result_reserved_;
     matrix->expires_ = absl::Now() + ttl_;
     matrix->home_device_ = result_device_;
     {
@@ -228,17 +230,22 @@ int MatrixStore::PickHome() const {
 absl::StatusOr<v1::MatrixHandle> MatrixStore::Put(const std::string& owner, int64_t rows,
                                                   int64_t cols, DType dtype, const void* data,
                                                   absl::Duration ttl) {
-  const uint64_t bytes =
-      static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) * ElementSize(dtype);
-  if (absl::Status s = Reserve(owner, bytes); !s.ok()) return s;
+  if (absl::Status s = Reserve(owner, BudgetBytes(rows, cols, dtype)); !s.ok()) return s;
   return PutReserved(owner, rows, cols, dtype, data, ttl);
+}
+
+uint64_t MatrixStore::BudgetBytes(int64_t rows, int64_t cols, DType dtype) const {
+  uint64_t most = 0;
+  for (const Engine* engine : engines_) {
+    most = std::max(most, engine->ResidentFootprint(rows, cols, dtype));
+  }
+  return most;
 }
 
 absl::StatusOr<v1::MatrixHandle> MatrixStore::PutReserved(const std::string& owner, int64_t rows,
                                                           int64_t cols, DType dtype,
                                                           const void* data, absl::Duration ttl) {
-  const uint64_t bytes =
-      static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) * ElementSize(dtype);
+  const uint64_t bytes = BudgetBytes(rows, cols, dtype);
   const int device = PickHome();
   if (device < 0) {
     Release(owner, bytes);
@@ -256,6 +263,7 @@ absl::StatusOr<v1::MatrixHandle> MatrixStore::PutReserved(const std::string& own
   matrix->rows_ = rows;
   matrix->cols_ = cols;
   matrix->dtype_ = dtype;
+  matrix->budget_bytes_ = bytes;
   matrix->expires_ = absl::Now() + (ttl == absl::ZeroDuration() ? options_.default_ttl : ttl);
   matrix->home_device_ = engines_[device]->Device().id;
   {
@@ -263,7 +271,7 @@ absl::StatusOr<v1::MatrixHandle> MatrixStore::PutReserved(const std::string& own
     matrix->copies_[device] =
         std::make_shared<StoredMatrix::Copy>(*std::move(resident), device, metrics_, device_bytes_);
   }
-  if (metrics_ != nullptr) metrics_->ResidentStored(bytes);
+  if (metrics_ != nullptr) metrics_->ResidentStored(matrix->bytes());
   return Insert(std::move(matrix));
 }
 
@@ -369,10 +377,10 @@ void MatrixStore::RemoveLocked(
     absl::flat_hash_map<std::string, std::shared_ptr<StoredMatrix>>::iterator it) {
   const std::shared_ptr<StoredMatrix> m = it->second;
   matrices_.erase(it);
-  bytes_ -= std::min(bytes_, m->bytes());
+  bytes_ -= std::min(bytes_, m->budget_bytes());
   auto owner = bytes_by_owner_.find(m->owner());
   if (owner != bytes_by_owner_.end()) {
-    owner->second -= std::min(owner->second, m->bytes());
+    owner->second -= std::min(owner->second, m->budget_bytes());
     if (owner->second == 0) bytes_by_owner_.erase(owner);
   }
   if (metrics_ != nullptr) metrics_->AddResidentMatrices(-1);
@@ -385,8 +393,7 @@ absl::StatusOr<std::unique_ptr<ResidentOperands>> MatrixStore::Bind(
     DType result_dtype, absl::Duration result_ttl, v1::MatrixHandle* result_handle) {
   auto operands = std::make_unique<Operands>(this, owner, std::move(a), std::move(b), std::move(c));
   if (keep_result) {
-    const uint64_t bytes =
-        static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) * ElementSize(result_dtype);
+    const uint64_t bytes = BudgetBytes(rows, cols, result_dtype);
     if (absl::Status s = Reserve(owner, bytes); !s.ok()) return s;
     operands->KeepResult(rows, cols, result_dtype, result_ttl, result_handle, bytes);
   }

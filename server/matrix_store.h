@@ -16,7 +16,8 @@
 // deleted, so each device reads it from its own memory afterwards.
 //
 // Budget: `max_bytes` of matrices in all (each counted once, however many
-// devices hold copies), `max_bytes_per_client` per owner. A full store
+// devices hold copies, at the memory its engine would give it: padding
+// included, BudgetBytes), `max_bytes_per_client` per owner. A full store
 // answers RESOURCE_EXHAUSTED with the sizes; nothing is evicted before it
 // expires or is deleted. Expired matrices are removed by a sweeper thread
 // (within a second) and are NOT_FOUND from their expiry on. Products that
@@ -60,6 +61,8 @@ class StoredMatrix {
   uint64_t bytes() const {
     return static_cast<uint64_t>(rows_) * static_cast<uint64_t>(cols_) * ElementSize(dtype_);
   }
+  // What it counts against the store's budgets (MatrixStore::BudgetBytes).
+  uint64_t budget_bytes() const { return budget_bytes_; }
   absl::Time expires() const { return expires_; }
   // The wire form.
   v1::MatrixHandle Handle() const;
@@ -83,6 +86,8 @@ class StoredMatrix {
   int64_t rows_ = 0;
   int64_t cols_ = 0;
   DType dtype_ = DType::kFloat32;
+  // Counted against the budgets while it is kept (BudgetBytes).
+  uint64_t budget_bytes_ = 0;
   absl::Time expires_ = absl::InfiniteFuture();
   // Device id of the first copy, e.g. "cuda:0".
   std::string home_device_;
@@ -120,11 +125,16 @@ class MatrixStore {
   absl::StatusOr<v1::MatrixHandle> Put(const std::string& owner, int64_t rows, int64_t cols,
                                        DType dtype, const void* data, absl::Duration ttl);
 
+  // What a rows x cols `dtype` matrix counts against the budgets: the most
+  // memory any engine would hold for it (Engine::ResidentFootprint, rows
+  // padded as its kernels need), so that the budget bounds device memory.
+  uint64_t BudgetBytes(int64_t rows, int64_t cols, DType dtype) const;
+
   // Holds `bytes` of `owner`'s budget (e.g. for an upload still arriving);
   // Release gives it back. RESOURCE_EXHAUSTED when it does not fit.
   absl::Status Reserve(const std::string& owner, uint64_t bytes);
   void Release(const std::string& owner, uint64_t bytes);
-  // Put for bytes already Reserve()d: on success the reservation becomes
+  // Put for BudgetBytes() already Reserve()d: on success the reservation becomes
   // the matrix's; on failure it is released.
   absl::StatusOr<v1::MatrixHandle> PutReserved(const std::string& owner, int64_t rows,
                                                int64_t cols, DType dtype, const void* data,

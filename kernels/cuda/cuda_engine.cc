@@ -197,7 +197,7 @@ class CudaEngine final : public Engine {
     }
     const int64_t ld = ResidentLd(cols, dtype, resident_row_align_);
     const size_t size = ElementSize(dtype);
-    const uint64_t footprint = AlignUp(static_cast<size_t>(rows) * ld * size);
+    const uint64_t footprint = ResidentFootprint(rows, cols, dtype);
     absl::StatusOr<void*> memory = resident_pool_->TryAllocate(footprint);
     if (!memory.ok()) {
       return absl::ResourceExhaustedError(absl::StrFormat(
@@ -215,6 +215,11 @@ class CudaEngine final : public Engine {
       if (e != cudaSuccess) return Failed(e, "copying a resident matrix to the device");
     }
     return matrix;
+  }
+
+  uint64_t ResidentFootprint(int64_t rows, int64_t cols, DType dtype) const override {
+    return AlignUp(static_cast<size_t>(rows) * ResidentLd(cols, dtype, resident_row_align_) *
+                   ElementSize(dtype));
   }
 
   absl::Status ReadResident(const ResidentMatrix& matrix, void* host) override {

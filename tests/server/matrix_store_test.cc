@@ -101,6 +101,57 @@ TEST_F(MatrixStoreTest, BudgetsAreKeptPerStoreAndPerClient) {
   EXPECT_EQ(store->bytes_in_use(), 800u);
 }
 
+// A CPU engine that says it pads each row of a kept matrix to 16 bytes, as
+// the CUDA engine does.
+class RowPaddingEngine final : public Engine {
+ public:
+  explicit RowPaddingEngine(std::unique_ptr<Engine> inner) : inner_(std::move(inner)) {}
+  const DeviceDescription& Device() const override { return inner_->Device(); }
+  absl::string_view Name() const override { return inner_->Name(); }
+  void Run(absl::Span<const GemmProblem> problems, absl::Span<absl::Status> status) override {
+    inner_->Run(problems, status);
+  }
+  uint64_t ResidentFootprint(int64_t rows, int64_t cols, DType dtype) const override {
+    const uint64_t row = static_cast<uint64_t>(cols) * ElementSize(dtype);
+    return static_cast<uint64_t>(rows) * ((row + 15) / 16 * 16);
+  }
+
+ private:
+  std::unique_ptr<Engine> inner_;
+};
+
+TEST_F(MatrixStoreTest, BudgetsCountTheMemoryTheEnginesWouldHold) {
+  // One device that pads rows to 16 bytes, one that does not: a 100 x 1
+  // float32 column (400 dense bytes) counts 1600 everywhere, so that the
+  // budget bounds what any device holds.
+  RowPaddingEngine padded(std::move(engines_[1]));
+  auto made = MatrixStore::Create({.max_bytes = 2000}, {engines_[0].get(), &padded}, nullptr);
+  ASSERT_TRUE(made.ok()) << made.status();
+  MatrixStore& store = **made;
+  EXPECT_EQ(store.BudgetBytes(100, 1, DType::kFloat32), 1600u);
+  EXPECT_EQ(store.BudgetBytes(4, 8, DType::kFloat32), 128u);  // 32-byte rows: no padding.
+  const std::string column = RandomBytes(400);
+  absl::StatusOr<v1::MatrixHandle> kept = store.Put("x", 100, 1, DType::kFloat32, column.data(), {});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->bytes(), 400u);  // The handle tells the dense size.
+  EXPECT_EQ(store.bytes_in_use(), 1600u);
+  absl::StatusOr<v1::MatrixHandle> over = store.Put("x", 100, 1, DType::kFloat32, column.data(), {});
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), HasSubstr("1600 bytes needed, 1600 of 2000"));
+  {
+    // A kept result reserves its padded size too.
+    v1::MatrixHandle handle;
+    absl::StatusOr<std::unique_ptr<ResidentOperands>> operands =
+        store.Bind("x", nullptr, nullptr, nullptr, true, 10, 1, DType::kFloat32, absl::Hours(1),
+                   &handle);
+    ASSERT_TRUE(operands.ok()) << operands.status();
+    EXPECT_EQ(store.bytes_in_use(), 1760u);
+  }
+  EXPECT_EQ(store.bytes_in_use(), 1600u);
+  ASSERT_TRUE(store.Delete("x", kept->id()).ok());
+  EXPECT_EQ(store.bytes_in_use(), 0u);
+}
+
 TEST_F(MatrixStoreTest, AKeptResultIsReservedUpFrontAndReleasedWhenItNeverRuns) {
   auto store = MakeStore({.max_bytes = 1000});
   v1::MatrixHandle handle;
