@@ -31,6 +31,8 @@
 // The "host us" column is the median host time of one call into the
 // launcher (or cuBLAS): its planning, table building and enqueueing, which
 // isolated timing adds to the device time and back-to-back timing hides.
+// The JSON splits our grouped rows' host time into the launcher's phases
+// (host_plan_us, host_build_us, host_enqueue_us: LaunchReport).
 //
 // Rows:
 //  * single problems (bf16, fp16, TF32, float32; 1024^3 ... 8192^3 and
@@ -195,6 +197,13 @@ bool g_edge_tiles = GroupedGemmOptions().hopper_edge_tiles;
 int g_reps = 0;
 constexpr int kBatch = 8;
 
+// The median of `v` (0 when empty).
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 // What TimeMedian measured.
 struct Timed {
   double ms = 0;       // Median device time of one run (CUDA events).
@@ -265,6 +274,9 @@ struct Row {
   std::string group, name, dtype, variant;
   double us = 0, tflops = 0, ratio = 0, error = -1;
   double host_us = 0;  // Median host time of one call (TimeMedian).
+  // Medians of the launcher's own phases of our grouped rows
+  // (LaunchReport::hopper_*_us; JSON only).
+  double plan_us = 0, build_us = 0, enqueue_us = 0;
   std::string tile = "-";  // Our Hopper tiles ("128x256 x2 cluster"), when they ran.
 };
 
@@ -388,8 +400,12 @@ class Bench {
       o.hopper_inline_problems = g_inline;
       o.hopper_edge_tiles = g_edge_tiles;
       LaunchReport report;
+      std::vector<double> plan, build, enqueue;
       const Timed timed = TimeMedian(stream_, sets, reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_, &report));
+        plan.push_back(report.hopper_plan_us);
+        build.push_back(report.hopper_build_us);
+        enqueue.push_back(report.hopper_enqueue_us);
       });
       const double ms = timed.ms;
       CHECK_OK(launcher_->Run(buffers->sets[0], o, workspace_, workspace_bytes_, stream_));
@@ -399,6 +415,9 @@ class Bench {
                          " (", report.launches, " launch, ", report.hopper_tile, ")")};
       r.us = ms * 1e3;
       r.host_us = timed.host_us;
+      r.plan_us = Median(plan);
+      r.build_us = Median(build);
+      r.enqueue_us = Median(enqueue);
       r.tflops = flops / (ms * 1e-3) / 1e12;
       r.ratio = best_cublas / ms;
       r.error = Compare(buffers->sets[0], ref->sets[0], out);
@@ -424,9 +443,10 @@ class Bench {
       out << absl::StrFormat(
           "    {\"group\": \"%s\", \"name\": \"%s\", \"dtype\": \"%s\", \"variant\": \"%s\", "
           "\"us\": %.2f, \"tflops\": %.2f, \"ratio_to_cublas\": %.3f, \"max_rel_error\": %.3g, "
-          "\"tile\": \"%s\", \"host_us\": %.2f}%s\n",
+          "\"tile\": \"%s\", \"host_us\": %.2f, \"host_plan_us\": %.2f, "
+          "\"host_build_us\": %.2f, \"host_enqueue_us\": %.2f}%s\n",
           r.group, r.name, r.dtype, r.variant, r.us, r.tflops, r.ratio, r.error, r.tile, r.host_us,
-          i + 1 < rows_.size() ? "," : "");
+          r.plan_us, r.build_us, r.enqueue_us, i + 1 < rows_.size() ? "," : "");
     }
     out << "  ]\n}\n";
   }

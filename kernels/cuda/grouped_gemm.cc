@@ -4,6 +4,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -701,6 +702,11 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
                                       const GroupedGemmOptions& options, void* workspace,
                                       size_t workspace_bytes, cudaStream_t stream,
                                       LaunchReport* report) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  auto us = [](Clock::time_point from, Clock::time_point to) {
+    return std::chrono::duration<double, std::micro>(to - from).count();
+  };
   if (!IsSupportedOutput(options.input, options.output)) {
     return absl::InvalidArgumentError(absl::StrCat("output ", DTypeName(options.output),
                                                    " not supported for ", DTypeName(options.input)));
@@ -785,6 +791,8 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     std::vector<int32_t> offsets(hopper.size() + 1);
     absl::StatusOr<int32_t> total = WriteTileOffsets(hopper, units_of, offsets.data());
     if (!total.ok()) return total.status();
+    const Clock::time_point planned = Clock::now();
+    Clock::time_point built = planned;  // Set where each way has written its batch.
     HopperLaunch l;
     // Small batches: everything in the launch's parameters.
     const int inline_limit = options.hopper_inline_problems < 0
@@ -812,6 +820,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
       if (!total.ok()) return total.status();
     }
     if (use_inline) {
+      built = Clock::now();
       absl::StatusOr<unsigned int*> counters = impl_->Counters(stream);
       if (!counters.ok()) return counters.status();
       l.inline_batch = &inline_batch;
@@ -858,6 +867,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
         std::fill(tile_problem + offsets[i], tile_problem + offsets[i + 1],
                   static_cast<int32_t>(i));
       }
+      built = Clock::now();
       if (auto s = check(Impl::Send(*staged, ws + layout.hopper_table, stream)); !s.ok()) {
         return s;
       }
@@ -896,6 +906,9 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     r.hopper_inline = use_inline;
     r.hopper_split_k = split.splits;
     r.hopper_split_tiles = static_cast<int>(split.tiles);
+    r.hopper_plan_us = us(start, planned);
+    r.hopper_build_us = us(planned, built);
+    r.hopper_enqueue_us = us(built, Clock::now());
   }
 
   // ---- SIMT problems ------------------------------------------------------------

@@ -110,6 +110,15 @@ struct LaunchReport {
   // tiles were split.
   int hopper_split_k = 1;
   int hopper_split_tiles = 0;
+  // Host microseconds of the Hopper launch, by phase, for benchmarks:
+  // plan (from Run's start: checks, paths, workspace layout, the tile shape
+  // and tile offsets), build (the batch written where the kernel reads it:
+  // pinned staging for a table, after waiting for that buffer to be free,
+  // or the tensor maps of a batch in the parameters) and enqueue (the
+  // table's copy, the maps' memset and the launch).
+  double hopper_plan_us = 0;
+  double hopper_build_us = 0;
+  double hopper_enqueue_us = 0;
 };
 
 class GroupedGemmLauncher {
