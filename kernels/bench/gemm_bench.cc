@@ -18,9 +18,9 @@
 // --row_align=BYTES starts every row of A, B and D on a multiple of BYTES
 // (16, 32, 128...; default 0: rows packed, as a caller's matrices come), as
 // an engine that lays out its own copies can (the padding is random data,
-// never read). --edge_tiles=0|1 sets GroupedGemmOptions::hopper_edge_tiles for every row
-// of ours (edge tiles run narrower MMAs; on by default), so that one build
-// measures both ways. --reps=N times every row N times instead of the
+// never read). --edge_tiles=0|1 sets GroupedGemmOptions::hopper_edge_tiles
+// for every row of ours (edge tiles run narrower MMAs; on by default), so
+// that one build measures both ways. --reps=N times every row N times instead of the
 // default count (for a host profile of the launcher, say: CPUPROFILE with
 // many repetitions).
 //

@@ -12,7 +12,8 @@
 # median microseconds per row and build is printed last (cuBLAS rows come
 # from both builds' runs). NEW_FLAGS and BASE_FLAGS add arguments to one
 # side only, so that one build can be compared with itself under two
-# settings (NEW_FLAGS=--edge_tiles=1 ab_kernels.sh BENCH BENCH OUT).
+# settings (NEW_FLAGS=--edge_tiles=1 BASE_FLAGS=--edge_tiles=0
+# ab_kernels.sh BENCH BENCH OUT).
 set -uo pipefail
 new=$1 base=$2 out=$3 rounds=${4:-2}
 shift $(( $# >= 4 ? 4 : 3 ))
