@@ -41,7 +41,7 @@ struct EngineOptions {
   std::string cuda_host_wait = "auto";
   // Byte alignment of long rows of matrices kept on a GPU: 16, 32, 64 or
   // 128 (CudaEngineOptions::resident_row_align).
-  int cuda_resident_row_align = 16;
+  int cuda_resident_row_align = 32;
   // CPU workers (engines); each runs whole batches with OpenBLAS.
   int cpu_workers = 1;
   // OpenBLAS threads; 0 means all cores.
