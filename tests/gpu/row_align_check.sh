@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The GPU run that CudaEngineOptions::resident_row_align (--cuda_resident_row_align,
-# 16 by default) waits for before a wider default: whether rows that start
-# on sectors or lines make the kernel faster on odd widths, and the engine's
-# tests with 128-byte resident rows. One call of about four minutes:
+# The GPU run behind CudaEngineOptions::resident_row_align's default
+# (--cuda_resident_row_align, 32 since the eleventh kernel round in
+# docs/BENCHMARKS.md): whether rows that start on sectors or lines make the
+# kernel faster on odd widths, and the engine's tests with 128-byte
+# resident rows. One call of about four minutes; run it again after
+# changes to the kernel's loads or to the engine's layouts:
 #
 #   tests/gpu/row_align_check.sh BIN_DIR OUT_DIR
 #
