@@ -4,6 +4,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -483,6 +484,38 @@ std::pair<double, SplitPlan> PlanSingle(const DeviceGemmProblem& p, DType input,
   return {best, plan};
 }
 
+// What EstimateHopperTime needs of a batch of several problems for one
+// tile width: its tiles, their summed cost and the costliest one.
+struct BatchTally {
+  int64_t tiles = 0;
+  double work = 0;
+  double longest = 0;
+};
+
+// Tallies `problems` for every width of `widths` in one pass. Each width
+// walking a large batch on its own cost the launcher's plan a few µs per
+// width for 1024 problems (docs/BENCHMARKS.md, eleventh round: the plan is
+// the largest host phase of that batch).
+template <size_t kWidths>
+std::array<BatchTally, kWidths> TallyBatch(const std::vector<DeviceGemmProblem>& problems,
+                                           DType input, const std::array<int, kWidths>& widths) {
+  std::array<double, kWidths> per_kblock;
+  for (size_t w = 0; w < kWidths; ++w) per_kblock[w] = KBlockCost(widths[w]);
+  std::array<BatchTally, kWidths> tally{};
+  for (const DeviceGemmProblem& p : problems) {
+    const double kblocks = static_cast<double>(KBlocks(p, input));
+    const int64_t rows = CeilDiv(p.m, kHopperTileM);
+    for (size_t w = 0; w < kWidths; ++w) {
+      const int64_t n = rows * CeilDivPow2(p.n, widths[w]);  // HopperTiles(p, widths[w])
+      const double cost = kblocks * per_kblock[w] + kPerTile;
+      tally[w].tiles += n;
+      tally[w].work += n * cost;
+      tally[w].longest = std::max(tally[w].longest, cost);
+    }
+  }
+  return tally;
+}
+
 // Estimated time of the Hopper problems on `num_sms` SMs with tiles of width
 // `tile_n`, in units of one 128x256x64 k-block at the wide tile's rate. Each
 // tile costs its k-blocks at the width's relative rate plus a fixed
@@ -490,30 +523,21 @@ std::pair<double, SplitPlan> PlanSingle(const DeviceGemmProblem& p, DType input,
 // hands tiles out in order to whichever SM is free, so the estimate is that
 // list schedule: exact for one problem (whole waves, or with its last wave
 // split when `split_tail` allows: PlanSingle), simulated for small batches,
-// and work / SMs plus the longest tile for large ones.
+// and work / SMs plus the longest tile for large ones. `tally`: the batch's
+// TallyBatch for `tile_n` (several problems only).
 double EstimateHopperTime(const std::vector<DeviceGemmProblem>& problems, DType input, int tile_n,
-                          int num_sms, bool split_tail) {
+                          int num_sms, bool split_tail, const BatchTally& tally) {
   if (problems.size() == 1) {
     return PlanSingle(problems[0], input, tile_n, num_sms, split_tail ? 0 : 1).first;
   }
-  const double per_kblock = KBlockCost(tile_n);
-  // Tiles of `p` and the cost of each.
-  auto tiles_and_cost = [&](const DeviceGemmProblem& p) {
-    return std::pair{HopperTiles(p, tile_n),
-                     static_cast<double>(KBlocks(p, input)) * per_kblock + kPerTile};
-  };
-  int64_t tiles = 0;
-  double work = 0, longest = 0;
-  for (const DeviceGemmProblem& p : problems) {
-    const auto [n, cost] = tiles_and_cost(p);
-    tiles += n;
-    work += n * cost;
-    longest = std::max(longest, cost);
+  if (tally.tiles > 4 * static_cast<int64_t>(num_sms)) {
+    return tally.work / num_sms + tally.longest;
   }
-  if (tiles > 4 * static_cast<int64_t>(num_sms)) return work / num_sms + longest;
+  const double per_kblock = KBlockCost(tile_n);
   std::vector<double> free_at(num_sms, 0.0);  // A min-heap of SM finish times.
   for (const DeviceGemmProblem& p : problems) {
-    const auto [n, cost] = tiles_and_cost(p);
+    const int64_t n = HopperTiles(p, tile_n);
+    const double cost = static_cast<double>(KBlocks(p, input)) * per_kblock + kPerTile;
     for (int64_t i = 0; i < n; ++i) {
       std::pop_heap(free_at.begin(), free_at.end(), std::greater<>());
       free_at.back() += cost;
@@ -545,13 +569,17 @@ HopperShape ChooseHopperShape(const std::vector<DeviceGemmProblem>& hopper,
                          o.hopper_cluster != 2;
   shape.tile_n = o.hopper_tile_n;
   if (shape.tile_n == 0) {
-    shape.tile_n = kHopperWideN;
-    double best = EstimateHopperTime(hopper, o.input, kHopperWideN, num_sms, may_split);
-    for (int n : {kHopperNarrowN, kHopperSmallN}) {
-      const double t = EstimateHopperTime(hopper, o.input, n, num_sms, may_split);
-      if (t < best) {
+    constexpr std::array<int, 3> kWidths = {kHopperWideN, kHopperNarrowN, kHopperSmallN};
+    const std::array<BatchTally, 3> tally =
+        hopper.size() > 1 ? TallyBatch(hopper, o.input, kWidths) : std::array<BatchTally, 3>{};
+    shape.tile_n = kWidths[0];
+    double best = EstimateHopperTime(hopper, o.input, kWidths[0], num_sms, may_split, tally[0]);
+    for (size_t w = 1; w < kWidths.size(); ++w) {
+      const double t =
+          EstimateHopperTime(hopper, o.input, kWidths[w], num_sms, may_split, tally[w]);
+      if (t < best) {  // Ties keep the wider.
         best = t;
-        shape.tile_n = n;
+        shape.tile_n = kWidths[w];
       }
     }
   }
