@@ -66,8 +66,9 @@ constexpr int64_t kAlignedRowBytes = 1024;
 // rows) took 0.94 µs against 0.63 with all SMs loading (docs/BENCHMARKS.md,
 // eighth round). A resident matrix is uploaded once and read by every
 // product that names it, so its long rows can start on `align` bytes for
-// free. Operands sent with each request keep 16-byte rows: padding them
-// further would cost a host-side repack of each one.
+// free. Operands sent with each request keep 16-byte rows: those parsed
+// straight into pinned memory go to the device in one 1-D copy, which
+// wider rows would turn into a 2-D copy or a host-side repack.
 int64_t ResidentLd(int64_t cols, DType t, int align) {
   const int64_t size = static_cast<int64_t>(ElementSize(t));
   if (cols * size < kAlignedRowBytes) return PaddedLd(cols, t);

@@ -70,9 +70,12 @@ TEST(CudaEngineOptionsTest, BadOptionsAreInvalidArgumentWithOrWithoutAGpu) {
   EXPECT_EQ(set.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(set.status().message().find("16, 32, 64 or 128"), absl::string_view::npos)
       << set.status();
-  options.kernels = "persistent";
+  options.resident_row_align = 32;
   options.memory_fraction = 0.99;
-  EXPECT_EQ(CreateCudaEngines(options).status().code(), absl::StatusCode::kInvalidArgument);
+  set = CreateCudaEngines(options);
+  EXPECT_EQ(set.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(set.status().message().find("gpu_memory_fraction"), absl::string_view::npos)
+      << set.status();
 }
 
 class CudaEngineTest : public ::testing::Test {
@@ -83,8 +86,8 @@ class CudaEngineTest : public ::testing::Test {
     options.devices = {0};
     options.memory_fraction = 0.1;
     options.resident_bytes = 512ull << 20;
-    // Long resident rows on 128-byte lines (the default, 16, is what every
-    // other resident path in the tests and the server uses).
+    // Long resident rows on 128-byte lines (the default, 32-byte sectors,
+    // is what every other resident path in the tests and the server uses).
     options.resident_row_align = 128;
     options.pinned_host_bytes = 1ull << 30;
     // Small enough that the pinned test's operands of tens of KiB get it.
