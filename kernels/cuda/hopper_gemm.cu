@@ -396,10 +396,25 @@ __device__ __forceinline__ const CUtensorMap* Map(const Params& p, int prob, int
 //    the load pipeline alone.
 //  kDiagDirectStores: every tile stored from registers (the epilogue that
 //    TMA stores replaced), for A/B runs; results stay right.
+// Bits that move work rather than leave it out (results stay right unless
+// said), each asking where a tile's 1.7-us epilogue goes on small batches
+// (docs/BENCHMARKS.md, twelfth round: none of them changed it much):
+//  kDiagStagger: the second consumer warpgroup starts 2 us after the
+//    first, so that one's epilogue might overlap the other's main loop.
+//  kDiagEarlyAcquireD: a warpgroup acquires its tile's D map as soon as it
+//    reads the tile, before its main loop, instead of in the epilogue.
+//  kDiagPrefetchD: a warpgroup prefetches its tile's D map as soon as it
+//    reads the tile; the acquire stays in the epilogue.
+//  kDiagNoAcquire: no thread acquires a built tensor map, so TMA may use a
+//    stale copy and results may be wrong: what the acquires cost.
 constexpr int kDiagNoLoads = 1;
 constexpr int kDiagNoStores = 2;
 constexpr int kDiagNoMma = 4;
 constexpr int kDiagDirectStores = 8;  // The register epilogue even where TMA could store.
+constexpr int kDiagStagger = 16;
+constexpr int kDiagEarlyAcquireD = 32;
+constexpr int kDiagPrefetchD = 64;
+constexpr int kDiagNoAcquire = 128;
 
 // Tile-rows per rasterization group: kGroupRows, or in diagnostic builds
 // MATMUL_HOPPER_GROUP_ROWS.
@@ -903,7 +918,7 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
     if (ti.problem != current) {
       map_a = Map(p, ti.problem, 0);
       map_b = Map(p, ti.problem, 1);
-      if (!Inline(p)) {
+      if (!Inline(p) && !Diag(p, kDiagNoAcquire)) {
         // Built and flagged before the scheduler handed the tile over.
         AcquireMap(map_a);
         AcquireMap(map_b);
@@ -1248,6 +1263,7 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
   int acquired_d = -1;    // Problem whose D map this warpgroup last acquired
   float acc[BN / 2];
   int seq = 0;
+  if (wg == 1 && Diag(p, kDiagStagger)) __nanosleep(2000);
   while (true) {
     MATMUL_TRACE(unsigned long long tr[kTraceStamps] = {}; tr[0] = GlobalNs(); tr[1] = clock64();)
     // The tile's first stage says which tile it is (MainLoop's own wait on
@@ -1266,6 +1282,15 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
                    }
                  };)
     const int kblocks = ti.kblocks;
+    if ((Diag(p, kDiagEarlyAcquireD) || Diag(p, kDiagPrefetchD)) && (ti.flags & kInfoTmaStore) &&
+        (threadIdx.x & 127) == 0 && acquired_d != ti.problem && !Inline(p)) {
+      if (Diag(p, kDiagEarlyAcquireD)) {
+        AcquireMap(Map(p, ti.problem, 2));
+        acquired_d = ti.problem;
+      } else {
+        PrefetchMap(Map(p, ti.problem, 2));
+      }
+    }
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
     FenceRegisters(acc);
@@ -1311,7 +1336,8 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
     const int width = BN >> shift;
     if (ti.flags & kInfoTmaStore) {
       const CUtensorMap* map_d = Map(p, ti.problem, 2);
-      if ((threadIdx.x & 127) == 0 && acquired_d != ti.problem && !Inline(p)) {
+      if ((threadIdx.x & 127) == 0 && acquired_d != ti.problem && !Inline(p) &&
+          !Diag(p, kDiagNoAcquire)) {
         // Built by a map builder or a scheduler (this CTA's or another's)
         // and seen through the map flag before the tile was handed over.
         AcquireMap(map_d);
