@@ -497,7 +497,7 @@ struct BatchTally {
 // width for 1024 problems (docs/BENCHMARKS.md, eleventh round: the plan is
 // the largest host phase of that batch).
 template <size_t kWidths>
-std::array<BatchTally, kWidths> TallyBatch(const std::vector<DeviceGemmProblem>& problems,
+std::array<BatchTally, kWidths> TallyBatch(absl::Span<const DeviceGemmProblem> problems,
                                            DType input, const std::array<int, kWidths>& widths) {
   std::array<double, kWidths> per_kblock;
   for (size_t w = 0; w < kWidths; ++w) per_kblock[w] = KBlockCost(widths[w]);
@@ -525,7 +525,7 @@ std::array<BatchTally, kWidths> TallyBatch(const std::vector<DeviceGemmProblem>&
 // split when `split_tail` allows: PlanSingle), simulated for small batches,
 // and work / SMs plus the longest tile for large ones. `tally`: the batch's
 // TallyBatch for `tile_n` (several problems only).
-double EstimateHopperTime(const std::vector<DeviceGemmProblem>& problems, DType input, int tile_n,
+double EstimateHopperTime(absl::Span<const DeviceGemmProblem> problems, DType input, int tile_n,
                           int num_sms, bool split_tail, const BatchTally& tally) {
   if (problems.size() == 1) {
     return PlanSingle(problems[0], input, tile_n, num_sms, split_tail ? 0 : 1).first;
@@ -561,7 +561,7 @@ struct HopperShape {
 // only for a lone problem on the persistent grid of single CTAs that goes
 // in the launch parameters (the launcher drops it where the problem's maps
 // then cannot be encoded on the host).
-HopperShape ChooseHopperShape(const std::vector<DeviceGemmProblem>& hopper,
+HopperShape ChooseHopperShape(absl::Span<const DeviceGemmProblem> hopper,
                               const GroupedGemmOptions& o, int num_sms, int max_clusters) {
   HopperShape shape;
   const bool may_split = hopper.size() == 1 && o.family == KernelFamily::kPersistent &&
@@ -711,7 +711,8 @@ size_t SplitPartialBytes(absl::Span<const DeviceGemmProblem> problems,
     lone = &problems[i];
   }
   if (lone == nullptr || !ValidHopperOptions(o).ok()) return 0;
-  const HopperShape shape = ChooseHopperShape({*lone}, o, num_sms, max_clusters);
+  const HopperShape shape =
+      ChooseHopperShape(absl::MakeConstSpan(lone, 1), o, num_sms, max_clusters);
   return PartialBytes(shape.split, shape.tile_n);
 }
 
@@ -762,10 +763,22 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
   };
 
   // ---- Hopper problems --------------------------------------------------------
-  std::vector<DeviceGemmProblem> hopper;
-  hopper.reserve(problems.size());
+  // `hopper`: the batch's Hopper problems as the kernel takes them. Where
+  // that is every problem as given (16-bit inputs, no other path), it is the
+  // caller's span: copying 1,024 problems cost a few µs of the plan phase.
+  // Otherwise `selected` holds the Hopper problems, TF32 ones re-laid out.
+  std::vector<DeviceGemmProblem> selected;
+  absl::Span<const DeviceGemmProblem> hopper;
+  const bool as_given = options.input != DType::kFloat32 &&
+                        std::all_of(paths.begin(), paths.end(),
+                                    [](Path path) { return path == Path::kHopper; });
+  if (as_given) {
+    hopper = problems;
+  } else {
+    selected.reserve(problems.size());
+  }
   size_t transpose_at = layout.transposes;
-  for (size_t i = 0; i < problems.size(); ++i) {
+  for (size_t i = 0; i < problems.size() && !as_given; ++i) {
     if (paths[i] != Path::kHopper) continue;
     DeviceGemmProblem p = problems[i];
     if (options.input == DType::kFloat32) {
@@ -802,8 +815,9 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
         return absl::InvalidArgumentError("TF32 operands must be 16-byte aligned");
       }
     }
-    hopper.push_back(p);
+    selected.push_back(p);
   }
+  if (!as_given) hopper = selected;
   if (!hopper.empty()) {
     const HopperShape shape = ChooseHopperShape(hopper, options, num_sms_, max_clusters_);
     const int tile_n = shape.tile_n;
