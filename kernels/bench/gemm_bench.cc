@@ -4,7 +4,7 @@
 //              [--only=single|grouped] [--size=LABEL]... [--dtype=NAME]...
 //              [--tile_n=256|128|64] [--cluster=1|2] [--b_stored=kxn|nxk]
 //              [--inline=N] [--split_k=N] [--edge_tiles=0|1] [--reps=N]
-//              [--row_align=BYTES]
+//              [--row_align=BYTES] [--pingpong=0|1]
 //
 // --size picks single-problem rows by label (4096^3) and grouped batches by
 // their problem count (256, 1024, 64); a label MxNxK not in the table (such
@@ -18,7 +18,9 @@
 // --row_align=BYTES starts every row of A, B and D on a multiple of BYTES
 // (16, 32, 128...; default 0: rows packed, as a caller's matrices come), as
 // an engine that lays out its own copies can (the padding is random data,
-// never read). --edge_tiles=0|1 sets GroupedGemmOptions::hopper_edge_tiles
+// never read). --pingpong=1 sets GroupedGemmOptions::hopper_pingpong for
+// every row of ours (experimental ping-pong consumers, 16-bit inputs,
+// 128x128 tiles). --edge_tiles=0|1 sets GroupedGemmOptions::hopper_edge_tiles
 // for every row of ours (edge tiles run narrower MMAs; on by default), so
 // that one build measures both ways. --reps=N times every row N times instead of the
 // default count (for a host profile of the launcher, say: CPUPROFILE with
@@ -208,6 +210,8 @@ bool g_b_nxk = false;
 bool g_edge_tiles = GroupedGemmOptions().hopper_edge_tiles;
 // Timed runs per row (--reps); 0: the default for the row and mode.
 int g_reps = 0;
+// GroupedGemmOptions::hopper_pingpong (--pingpong).
+bool g_pingpong = false;
 constexpr int kBatch = 8;
 
 // The median of `v` (0 when empty).
@@ -332,6 +336,8 @@ class Bench {
       o.hopper_inline_problems = g_inline;
       o.hopper_split_k = g_split_k;
       o.hopper_edge_tiles = g_edge_tiles;
+      o.hopper_pingpong = g_pingpong && family != KernelFamily::kCublas &&
+                          (in == DType::kBFloat16 || in == DType::kFloat16);
       const Timed timed = TimeMedian(stream_, static_cast<int>(buffers->sets.size()), reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
       });
@@ -412,6 +418,7 @@ class Bench {
       o.hopper_cluster = g_cluster;
       o.hopper_inline_problems = g_inline;
       o.hopper_edge_tiles = g_edge_tiles;
+      o.hopper_pingpong = g_pingpong;  // Grouped rows are bfloat16.
       LaunchReport report;
       std::vector<double> plan, build, enqueue;
       const Timed timed = TimeMedian(stream_, sets, reps, [&](int set) {
@@ -544,6 +551,8 @@ int Main(int argc, char** argv) {
     else if (a.rfind("--split_k=", 0) == 0) g_split_k = std::atoi(a.c_str() + 10);
     else if (a == "--edge_tiles=1") g_edge_tiles = true;
     else if (a == "--edge_tiles=0") g_edge_tiles = false;
+    else if (a == "--pingpong=1") g_pingpong = true;
+    else if (a == "--pingpong=0") g_pingpong = false;
     else if (a.rfind("--reps=", 0) == 0) g_reps = std::atoi(a.c_str() + 7);
     else if (a.rfind("--row_align=", 0) == 0) g_row_align = std::atoll(a.c_str() + 12);
     else if (a == "--b_stored=nxk") g_b_nxk = true;

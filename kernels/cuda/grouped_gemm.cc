@@ -564,6 +564,10 @@ struct HopperShape {
 HopperShape ChooseHopperShape(absl::Span<const DeviceGemmProblem> hopper,
                               const GroupedGemmOptions& o, int num_sms, int max_clusters) {
   HopperShape shape;
+  if (o.hopper_pingpong) {  // 128-wide tiles, single CTAs, no split (ValidHopperOptions).
+    shape.tile_n = kHopperNarrowN;
+    return shape;
+  }
   const bool may_split = hopper.size() == 1 && o.family == KernelFamily::kPersistent &&
                          o.hopper_split_k != 1 && o.hopper_inline_problems != 0 &&
                          o.hopper_cluster != 2;
@@ -695,6 +699,18 @@ absl::Status ValidHopperOptions(const GroupedGemmOptions& o) {
   if (o.hopper_split_k < 0 || o.hopper_split_k > kHopperMaxSplits) {
     return absl::InvalidArgumentError(absl::StrCat("hopper_split_k must be 0 to ",
                                                    kHopperMaxSplits, ", not ", o.hopper_split_k));
+  }
+  if (o.hopper_pingpong) {
+    if (o.input != DType::kBFloat16 && o.input != DType::kFloat16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hopper_pingpong needs bfloat16 or float16 inputs, not ", DTypeName(o.input)));
+    }
+    if ((o.hopper_tile_n != 0 && o.hopper_tile_n != kHopperNarrowN) || o.hopper_cluster == 2 ||
+        o.hopper_split_k > 1) {
+      return absl::InvalidArgumentError(
+          "hopper_pingpong runs 128x128 tiles on single CTAs without split-K: hopper_tile_n must "
+          "be 0 or 128, hopper_cluster 0 or 1 and hopper_split_k 0 or 1");
+    }
   }
   return absl::OkStatus();
 }
@@ -930,6 +946,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     l.input = options.input;
     l.output = options.output;
     l.edge_tiles = options.hopper_edge_tiles;
+    l.pingpong = options.hopper_pingpong;
     l.tile_n = tile_n;
     l.num_problems = static_cast<int>(hopper.size());
     l.total_tiles = *total;
@@ -943,7 +960,8 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     if (auto s = check(LaunchHopperGemm(l)); !s.ok()) return s;
     ++r.launches;
     r.hopper_problems = static_cast<int>(hopper.size());
-    r.hopper_tile = absl::StrCat(kHopperTileM, "x", tile_n, cluster == 2 ? " x2 cluster" : "");
+    r.hopper_tile = absl::StrCat(kHopperTileM, "x", tile_n, cluster == 2 ? " x2 cluster" : "",
+                                 options.hopper_pingpong ? " ping-pong" : "");
     r.hopper_grid = l.grid;
     r.hopper_inline = use_inline;
     r.hopper_split_k = split.splits;

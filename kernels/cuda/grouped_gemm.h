@@ -89,6 +89,14 @@ struct GroupedGemmOptions {
   // tenth round: odd single problems 4-13% faster, grouped batches 0-3%,
   // no row slower); off only for benchmarks and tests of the full-width path.
   bool hopper_edge_tiles = true;
+  // Experimental, off by default, and not yet run on a GPU: ping-pong
+  // consumers (hopper_gemm.cu, ConsumePing), where each of the Hopper
+  // kernel's two consumer warpgroups takes whole 128 x 128 tiles of its own
+  // so that one's epilogue overlaps the other's MMAs. Needs 16-bit inputs;
+  // the tile width is then 128 (hopper_tile_n must be 0 or 128), single
+  // CTAs (hopper_cluster 0 or 1) and no split-K tail. For benchmarks and
+  // tests until measured.
+  bool hopper_pingpong = false;
 };
 
 // What ran, for benchmarks and tests.
@@ -100,7 +108,8 @@ struct LaunchReport {
   int simt_problems = 0;
   int cublas_problems = 0;
   // "128x256", "128x128" or "128x64" for the Hopper tiles used, with
-  // " x2 cluster" when tiles ran in pairs.
+  // " x2 cluster" when tiles ran in pairs and " ping-pong" for
+  // GroupedGemmOptions::hopper_pingpong.
   std::string hopper_tile;
   // CTAs of the Hopper launch (with clusters, twice the clusters that fit).
   int hopper_grid = 0;

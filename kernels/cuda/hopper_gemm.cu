@@ -29,6 +29,12 @@
 // there after waiting, so they never read the problem table before their
 // main loop. A stage carrying tile -1 ends the consumers' loop.
 //
+// Ping-pong (experimental, HopperLaunch::pingpong, 16-bit inputs, 128x128
+// tiles, single CTAs, no split tail; not yet run on a GPU): the stages are
+// two rings, one per consumer warpgroup, and each warpgroup takes every
+// other tile whole (all 128 rows, two wgmmas a k-step) from its own ring,
+// so that one warpgroup's epilogue overlaps the other's MMAs (ConsumePing).
+//
 // Clusters (kCluster = 2): two CTAs on neighbouring SMs take a pair of
 // vertically adjacent tiles (same B panel, two A panels) as one unit. Each
 // loads its own A tile and half of the shared B tile, multicast into both
@@ -899,15 +905,24 @@ __device__ void Schedule(const Params& p, const Smem<BN>& sm) {
 // and issues their k-blocks' TMA loads into the stage ring. Each tile's
 // first stage carries its TileInfo to the consumers; after the last tile, a
 // stage with tile -1 and no bytes ends the consumers' loop.
-template <typename T, int BN, int kCluster>
+//
+// Ping-pong (kPing): the stages form two rings of kStages / 2, one per
+// consumer warpgroup, and the tiles go to the rings in turn (tile n to
+// ring n % 2); `seq` counts the current ring's stages, `other_seq` the
+// other's, swapped after each tile. Each ring then ends with its own tile
+// -1.
+template <typename T, int BN, int kCluster, bool kPing = false>
 __device__ void Load(const Params& p, const Smem<BN>& sm) {
   using L = Layout<BN>;
+  constexpr int kRing = kPing ? L::kStages / 2 : L::kStages;  // Stages per ring.
   const int rank = kCluster > 1 ? static_cast<int>(ClusterRank()) : 0;
   int seq = 0;
+  int other_seq = 0;  // Ping-pong: the other ring's count.
   int current = -1;  // Problem whose maps this thread has acquired.
   const CUtensorMap* map_a = nullptr;
   const CUtensorMap* map_b = nullptr;
-  for (int n = 0;; ++n) {
+  int n = 0;  // TileInfos taken.
+  for (;; ++n) {
     const int slot = n % kInfoSlots;
     MATMUL_TRACE(unsigned long long tr[kTraceStamps] = {}; tr[0] = GlobalNs(); tr[1] = clock64();)
     MbarWait(&sm.info_full[slot], (n / kInfoSlots) & 1);
@@ -927,12 +942,13 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
       PrefetchMap(map_b);
       current = ti.problem;
     }
+    const int ring = kPing ? (n & 1) : 0;
     for (int kb = 0; kb < ti.kblocks; ++kb, ++seq) {
-      const int s = seq % L::kStages;
-      MbarWait(&sm.empty[s], ((seq / L::kStages) & 1) ^ 1);
+      const int s = ring * kRing + seq % kRing;
+      MbarWait(&sm.empty[s], ((seq / kRing) & 1) ^ 1);
       MATMUL_TRACE(if (kb == 0) tr[3] = clock64();)
       if (kb == 0) sm.stage_info[s] = ti;  // Released to the consumers by the arrive below.
-      if (Diag(p, kDiagNoLoads) && seq >= L::kStages) {
+      if (Diag(p, kDiagNoLoads) && seq >= kRing) {
         MbarArrive(&sm.full[s]);
       } else {
         IssueStage<T, BN, kCluster>(ti.flags, map_a, map_b, sm.stages, sm.full, s, ti.kb0 + kb,
@@ -942,11 +958,22 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
     }
     MATMUL_TRACE(tr[4] = clock64();
                  TraceRecord(p, 1, 0, ti.tile, ti.problem, ti.kblocks, TraceUnit(ti.flags), tr);)
+    if constexpr (kPing) {
+      const int t = seq;
+      seq = other_seq;
+      other_seq = t;
+    }
   }
-  const int s = seq % L::kStages;
-  MbarWait(&sm.empty[s], ((seq / L::kStages) & 1) ^ 1);
-  sm.stage_info[s].tile = -1;
-  MbarArrive(&sm.full[s]);
+  // Tile -1 at the next stage of every ring (with ping-pong, `seq` counts
+  // ring n % 2, the one tile n would have gone to, and `other_seq` the other).
+  for (int r = 0; r < (kPing ? 2 : 1); ++r) {
+    const int ring = kPing ? ((n + r) & 1) : 0;
+    const int ring_seq = r == 0 ? seq : other_seq;
+    const int s = ring * kRing + ring_seq % kRing;
+    MbarWait(&sm.empty[s], ((ring_seq / kRing) & 1) ^ 1);
+    sm.stage_info[s].tile = -1;
+    MbarArrive(&sm.full[s]);
+  }
 }
 
 template <typename TOut>
@@ -1373,7 +1400,170 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
   if ((threadIdx.x & 127) == 0) BulkWaitAll();
 }
 
-template <typename T, int BN, int kCluster>
+// Ping-pong consumers (kPing: 16-bit inputs, single CTAs, no split tiles):
+// each warpgroup takes every other tile, all 128 rows of it, on a ring of
+// half the stages that only it reads (Load), so that one warpgroup's
+// epilogue runs while the other's MMAs do. Measured on the H100
+// (docs/BENCHMARKS.md, twelfth round), a small tile of the 1024-problem
+// batch spent as long in its epilogue (1.7 us) as in its main loop, with
+// the tensor cores idle meanwhile. Accumulators: rows 0-63 in acc[0, BN/2),
+// rows 64-127 in acc[BN/2, BN), each in the layout the cooperative
+// consumers use for their 64 rows, so the same epilogues store them.
+
+// One ping-pong warpgroup's k-blocks of one tile: per k-step, an MMA kN
+// wide for each of the tile's kHalves 64-row halves (1 where the tile's
+// rows fit the first 64: kInfoFirstHalf).
+template <typename T, int BN, int kN, int kHalves, int kAmn, int kBmn>
+__device__ __forceinline__ void MainLoopPing(float (&acc)[BN], uint8_t* stages, uint64_t* full,
+                                             uint64_t* empty, int kblocks, int& seq,
+                                             bool no_mma) {
+  static_assert(kN <= BN && kN >= 64, "MMA width");
+  using L = Layout<BN>;
+  constexpr int kRing = L::kStages / 2;
+  constexpr int BK = Elem<T>::kBK;
+  constexpr int kSteps = BK / Elem<T>::kStep;
+  float(&part0)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0]);
+  float(&part1)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[BN / 2]);
+  int previous = -1;  // Stage whose MMAs may still be running.
+  for (int kb = 0; kb < kblocks; ++kb, ++seq) {
+    const int s = seq % kRing;
+    MbarWait(&full[s], (seq / kRing) & 1);
+    const uint32_t sa = SmemAddr(stages + s * L::kStageBytes);
+    const uint32_t sb = sa + L::kABytes;
+    WgmmaFence();
+#pragma unroll
+    for (int j = 0; j < kSteps; ++j) {
+      uint64_t db;
+      if constexpr (kBmn) {
+        db = Desc(sb + j * 16 * kRowBytes, BK * kRowBytes, 1024);
+      } else {
+        db = Desc(sb + j * 32, 16, 1024);
+      }
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        uint64_t da;
+        if constexpr (kAmn) {
+          da = Desc(sa + h * BK * kRowBytes + j * 16 * kRowBytes, BK * kRowBytes, 1024);
+        } else {
+          da = Desc(sa + h * 64 * kRowBytes + j * 32, 16, 1024);
+        }
+        if (!no_mma) {
+          if (h == 0) {
+            Mma<T, kN, kAmn, kBmn>(part0, da, db);
+          } else {
+            Mma<T, kN, kAmn, kBmn>(part1, da, db);
+          }
+        }
+      }
+    }
+    WgmmaCommit();
+    WgmmaWait<1>();
+    FenceRegisters(acc);
+    if (previous >= 0) Release<1>(empty, previous);
+    previous = s;
+  }
+  WgmmaWait<0>();
+  FenceRegisters(acc);
+  if (previous >= 0) Release<1>(empty, previous);
+}
+
+// MainLoopPing at the tile's MMA width (NarrowShift: BN or BN / 2) and
+// number of halves.
+template <typename T, int BN, int kAmn, int kBmn>
+__device__ __forceinline__ void MainLoopPingAt(int shift, bool one_half, float (&acc)[BN],
+                                               uint8_t* stages, uint64_t* full, uint64_t* empty,
+                                               int kblocks, int& seq, bool no_mma) {
+  if (shift == 1) {
+    if (one_half) {
+      MainLoopPing<T, BN, BN / 2, 1, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, no_mma);
+    } else {
+      MainLoopPing<T, BN, BN / 2, 2, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, no_mma);
+    }
+  } else if (one_half) {
+    MainLoopPing<T, BN, BN, 1, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, no_mma);
+  } else {
+    MainLoopPing<T, BN, BN, 2, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, no_mma);
+  }
+}
+
+template <typename T, int BN>
+__device__ void ConsumePing(const Params& p, const Smem<BN>& sm) {
+  static_assert(sizeof(T) == 2 && BN / 2 >= 64 && BN / 4 < 64,
+                "ping-pong: 16-bit inputs, tiles at most half-narrowed");
+  using L = Layout<BN>;
+  constexpr int kRing = L::kStages / 2;
+  const int wg = (threadIdx.x >> 7) - 1;  // 0 or 1: also this warpgroup's ring
+  uint8_t* stages = sm.stages + wg * kRing * L::kStageBytes;
+  uint64_t* full = sm.full + wg * kRing;
+  uint64_t* empty = sm.empty + wg * kRing;
+  const TileInfo* stage_info = sm.stage_info + wg * kRing;
+  uint8_t* store_buffers = sm.stages + L::kStoreOffset + wg * 2 * L::kStoreBufferBytes;
+  int stores = 0;       // TMA-stored boxes so far (picks the staging buffer)
+  int acquired_d = -1;  // Problem whose D map this warpgroup last acquired
+  float acc[BN];
+  int seq = 0;
+  const bool no_mma = Diag(p, kDiagNoMma);
+  while (true) {
+    MbarWait(&full[seq % kRing], (seq / kRing) & 1);
+    const TileInfo ti = ReadTileInfo(&stage_info[seq % kRing]);
+    if (ti.tile < 0) break;
+#pragma unroll
+    for (int i = 0; i < BN; ++i) acc[i] = 0.0f;
+    FenceRegisters(acc);
+    const bool one_half = (ti.flags & kInfoFirstHalf) != 0;
+    const int shift = NarrowShift(ti.flags);
+    const int layout =
+        ((ti.flags & kInfoTransposeA) ? 2 : 0) + ((ti.flags & kInfoTransposeB) ? 0 : 1);
+    switch (layout) {
+      case 0: MainLoopPingAt<T, BN, 0, 0>(shift, one_half, acc, stages, full, empty, ti.kblocks, seq, no_mma); break;
+      case 1: MainLoopPingAt<T, BN, 0, 1>(shift, one_half, acc, stages, full, empty, ti.kblocks, seq, no_mma); break;
+      case 2: MainLoopPingAt<T, BN, 1, 0>(shift, one_half, acc, stages, full, empty, ti.kblocks, seq, no_mma); break;
+      default: MainLoopPingAt<T, BN, 1, 1>(shift, one_half, acc, stages, full, empty, ti.kblocks, seq, no_mma); break;
+    }
+    if (Diag(p, kDiagNoStores)) continue;
+    const int width = BN >> shift;
+    const CUtensorMap* map_d = Map(p, ti.problem, 2);
+    if ((ti.flags & kInfoTmaStore) && (threadIdx.x & 127) == 0 && acquired_d != ti.problem &&
+        !Inline(p)) {
+      AcquireMap(map_d);  // As in Consume.
+      acquired_d = ti.problem;
+    }
+    const DeviceGemmProblem& pr = Problem(p, ti.problem);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (h == 1 && one_half) break;  // Rows 64-127 lie below the problem.
+      const float(&half)[BN / 2] = *reinterpret_cast<const float(*)[BN / 2]>(&acc[h * (BN / 2)]);
+      const int row0 = ti.m0 + h * 64;
+      if (ti.flags & kInfoTmaStore) {
+        switch (p.output) {
+          case DType::kFloat32:
+            EpilogueTma<float, BN>(ti.alpha, map_d, half, row0, ti.n0, width, store_buffers, wg,
+                                   stores);
+            break;
+          case DType::kBFloat16:
+            EpilogueTma<__nv_bfloat16, BN>(ti.alpha, map_d, half, row0, ti.n0, width,
+                                           store_buffers, wg, stores);
+            break;
+          default:
+            EpilogueTma<__half, BN>(ti.alpha, map_d, half, row0, ti.n0, width, store_buffers, wg,
+                                    stores);
+            break;
+        }
+      } else {
+        switch (p.output) {
+          case DType::kFloat32: Epilogue<float, BN>(pr, half, row0, ti.n0); break;
+          case DType::kBFloat16: Epilogue<__nv_bfloat16, BN>(pr, half, row0, ti.n0); break;
+          default: Epilogue<__half, BN>(pr, half, row0, ti.n0); break;
+        }
+      }
+    }
+  }
+  // Shared memory must outlive the last stores' reads, and their writes
+  // must land before the grid ends.
+  if ((threadIdx.x & 127) == 0) BulkWaitAll();
+}
+
+template <typename T, int BN, int kCluster, bool kPing = false>
 __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Layout<BN>;
@@ -1385,7 +1575,8 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
     for (int s = 0; s < L::kStages; ++s) {
       MbarInit(&sm.full[s], 1);
       // Every consumer warp of every CTA sharing the stage.
-      MbarInit(&sm.empty[s], kConsumerWarps * kCluster);
+      // (Ping-pong: the four warps of the stage's ring's warpgroup.)
+      MbarInit(&sm.empty[s], kPing ? kConsumerWarps / 2 : kConsumerWarps * kCluster);
     }
     for (int i = 0; i < kInfoSlots; ++i) {
       MbarInit(&sm.info_full[i], 1);
@@ -1405,7 +1596,7 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
     if (threadIdx.x == 0) {
-      Load<T, BN, kCluster>(p, sm);
+      Load<T, BN, kCluster, kPing>(p, sm);
     } else if (threadIdx.x >= 32 && threadIdx.x < 64) {
       Schedule<T, BN, kCluster>(p, sm);
     } else if (threadIdx.x >= 64) {  // Warps 2 and 3: the kMapBuilders builders.
@@ -1414,16 +1605,21 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;");
-    Consume<T, BN, kCluster>(p, sm);
+    if constexpr (kPing) {
+      static_assert(kCluster == 1, "ping-pong runs single CTAs");
+      ConsumePing<T, BN>(p, sm);
+    } else {
+      Consume<T, BN, kCluster>(p, sm);
+    }
   }
   // No CTA leaves while its peer may still arrive on its barriers.
   if constexpr (kCluster > 1) ClusterSync();
 #endif
 }
 
-template <typename T, int BN, int kCluster>
+template <typename T, int BN, int kCluster, bool kPing = false>
 cudaError_t Prepare() {
-  return cudaFuncSetAttribute(HopperGroupedGemm<T, BN, kCluster>,
+  return cudaFuncSetAttribute(HopperGroupedGemm<T, BN, kCluster, kPing>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize, Layout<BN>::kBytes);
 }
 
@@ -1497,10 +1693,10 @@ void TraceEnd(const Params& p, const HopperLaunch& l, int bn, int cluster) {
 }
 #endif
 
-template <typename T, int BN, int kCluster>
+template <typename T, int BN, int kCluster, bool kPing = false>
 cudaError_t Launch(const HopperLaunch& l) {
   using L = Layout<BN>;
-  auto kernel = HopperGroupedGemm<T, BN, kCluster>;
+  auto kernel = HopperGroupedGemm<T, BN, kCluster, kPing>;
   Params p;
   p.templates = *l.templates;
   if (l.inline_batch != nullptr) {
@@ -1561,7 +1757,8 @@ cudaError_t PrepareHopperGemm() {
         Prepare<__nv_bfloat16, 64, 1>(), Prepare<__half, 256, 1>(), Prepare<__half, 128, 1>(),
         Prepare<__half, 64, 1>(), Prepare<float, 256, 1>(), Prepare<float, 128, 1>(),
         Prepare<float, 64, 1>(), Prepare<__nv_bfloat16, 256, 2>(), Prepare<__half, 256, 2>(),
-        Prepare<float, 256, 2>()}) {
+        Prepare<float, 256, 2>(), Prepare<__nv_bfloat16, kHopperNarrowN, 1, true>(),
+        Prepare<__half, kHopperNarrowN, 1, true>()}) {
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -1589,6 +1786,14 @@ cudaError_t LaunchHopperGemm(const HopperLaunch& l) {
   }
   if (l.cluster != 1) return cudaErrorInvalidValue;
   if (l.tile_counter == nullptr && l.grid < l.total_tiles) return cudaErrorInvalidValue;
+  if (l.pingpong) {
+    if (l.tile_n != kHopperNarrowN || l.split.problem >= 0) return cudaErrorInvalidValue;
+    switch (l.input) {
+      case DType::kBFloat16: return Launch<__nv_bfloat16, kHopperNarrowN, 1, true>(l);
+      case DType::kFloat16: return Launch<__half, kHopperNarrowN, 1, true>(l);
+      default: return cudaErrorInvalidValue;
+    }
+  }
   switch (l.tile_n) {
     case kHopperWideN: return LaunchForInput<256, 1>(l);
     case kHopperNarrowN: return LaunchForInput<128, 1>(l);

@@ -132,6 +132,9 @@ struct HopperLaunch {
   HopperSplit split;
   // GroupedGemmOptions::hopper_edge_tiles (16-bit inputs, single CTAs).
   bool edge_tiles = false;
+  // GroupedGemmOptions::hopper_pingpong: each consumer warpgroup takes whole
+  // tiles of its own (16-bit inputs, tile_n 128, single CTAs, no split).
+  bool pingpong = false;
   cudaStream_t stream = nullptr;
 };
 

@@ -54,6 +54,7 @@ class GroupedGemmTest : public ::testing::Test {
     o.hopper_inline_problems = inline_;
     o.hopper_split_k = split_k_;
     o.hopper_edge_tiles = edge_tiles_;
+    o.hopper_pingpong = pingpong_;
     LaunchReport report;
     Run(batch, o, &report);
     const double bound = ErrorBound(in, out, precision);
@@ -93,6 +94,8 @@ class GroupedGemmTest : public ::testing::Test {
   // GroupedGemmOptions::hopper_edge_tiles for RunAndCheck (default: the
   // launcher's).
   bool edge_tiles_ = GroupedGemmOptions().hopper_edge_tiles;
+  // GroupedGemmOptions::hopper_pingpong for RunAndCheck.
+  bool pingpong_ = false;
   std::unique_ptr<GroupedGemmLauncher> launcher_;
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;
@@ -670,6 +673,85 @@ TEST_F(GroupedGemmTest, RepeatedLaunchesGiveIdenticalResults) {
           << cluster << ")";
     }
   }
+}
+
+// The experimental ping-pong consumers (GroupedGemmOptions::hopper_pingpong):
+// edge tiles of every kind (rows in the first half only, half-width
+// columns), every layout, alpha and beta (register stores) and TMA stores,
+// each 16-bit input and a float32 output, batches in the launch parameters
+// and through the table, both grids; a 1,024-problem batch; long K; the
+// same batch launched 100 times (a race in the two rings shows as a result
+// that moves); and the options it refuses.
+TEST_F(GroupedGemmTest, PingPongConsumers) {
+  pingpong_ = true;
+  const TypeCase types[] = {kTypes[0], {DType::kBFloat16, DType::kFloat32, Precision::kDefault},
+                            kTypes[1]};
+  for (const TypeCase& t : types) {
+    std::vector<HostProblem> batch;
+    int i = 0;
+    for (int64_t m : {1, 8, 64, 72, 136, 200}) {
+      for (int64_t n : {8, 64, 72, 128, 136, 264}) {
+        for (int v = 0; v < 4; ++v, ++i) {
+          batch.push_back(MakeHostProblem(m, n, 72 + 8 * (i % 5), t.in, t.out, rng_, v & 1,
+                                          v & 2, 1.25, i % 3 == 0 ? 0.5 : 0.0));
+        }
+      }
+    }
+    batch.push_back(MakeHostProblem(1000, 1000, 1000, t.in, t.out, rng_, false, false, 1.0, 0.0));
+    batch.push_back(MakeHostProblem(300, 520, 2000, t.in, t.out, rng_, true, true, 1.0, 0.0));
+    const std::vector<HostProblem> small(batch.begin(), batch.begin() + 12);
+    const std::vector<HostProblem>* sets[] = {&batch, &small};
+    for (KernelFamily f : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
+      for (const std::vector<HostProblem>* b : sets) {
+        const LaunchReport report = RunAndCheck(
+            *b, t.in, t.out, t.precision, f, 0,
+            absl::StrCat("ping-pong ", b->size(), " problems, family ", static_cast<int>(f), " ",
+                         DTypeName(t.in), "->", DTypeName(t.out)));
+        if (launcher_->has_hopper_kernels()) {
+          EXPECT_EQ(report.hopper_tile, "128x128 ping-pong");
+        }
+      }
+    }
+  }
+  RunAndCheck(MixedBatch(1024, 160, DType::kBFloat16, DType::kBFloat16, rng_), DType::kBFloat16,
+              DType::kBFloat16, Precision::kDefault, KernelFamily::kPersistent, 0,
+              "ping-pong batch of 1024");
+
+  const auto host = MixedBatch(64, 400, DType::kBFloat16, DType::kBFloat16, rng_);
+  DeviceBatch device(host, DType::kBFloat16, DType::kBFloat16);
+  GroupedGemmOptions o;
+  o.hopper_pingpong = true;
+  Run(device, o, nullptr);
+  std::vector<std::vector<uint8_t>> first;
+  for (size_t i = 0; i < host.size(); ++i) first.push_back(device.Download(i));
+  for (int rep = 0; rep < 100; ++rep) {
+    for (auto& p : device.problems()) cudaMemset(p.d, 0xff, p.m * p.n * 2);
+    Run(device, o, nullptr);
+    for (size_t i = 0; i < host.size(); ++i) {
+      ASSERT_EQ(device.Download(i), first[i]) << "problem " << i << " moved at launch " << rep;
+    }
+  }
+  for (size_t i = 0; i < host.size(); ++i) {
+    EXPECT_LE(CheckAgainstReference(host[i], first[i], o.input, o.output), 1e-2) << i;
+  }
+
+  // Refused: other inputs, other widths, pairs, a split tail.
+  GroupedGemmOptions bad;
+  bad.hopper_pingpong = true;
+  bad.input = bad.output = DType::kFloat32;
+  bad.precision = Precision::kTF32;
+  for (int which = 0; which < 4; ++which) {
+    GroupedGemmOptions b = bad;
+    if (which > 0) b.input = b.output = DType::kBFloat16;
+    if (which == 1) b.hopper_tile_n = 256;
+    if (which == 2) b.hopper_cluster = 2;
+    if (which == 3) b.hopper_split_k = 2;
+    const absl::Status s = launcher_->Run(device.problems(), b, workspace_, workspace_bytes_,
+                                          stream_);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << which << ": " << s;
+    EXPECT_NE(s.message().find("hopper_pingpong"), std::string::npos) << s;
+  }
+  pingpong_ = false;
 }
 
 // Runs everywhere: without a GPU, the engine reports why instead of crashing.
