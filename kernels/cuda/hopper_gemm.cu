@@ -33,7 +33,8 @@
 // tiles, single CTAs, no split tail; not yet run on a GPU): the stages are
 // two rings, one per consumer warpgroup, and each warpgroup takes every
 // other tile whole (all 128 rows, two wgmmas a k-step) from its own ring,
-// so that one warpgroup's epilogue overlaps the other's MMAs (ConsumePing).
+// and their main loops take turns, so that one warpgroup's epilogue
+// overlaps the other's MMAs (ConsumePing).
 //
 // Clusters (kCluster = 2): two CTAs on neighbouring SMs take a pair of
 // vertically adjacent tiles (same B panel, two A panels) as one unit. Each
@@ -567,7 +568,9 @@ struct Layout {
   static constexpr int kStageInfoOffset = kBarrierOffset + (2 * kStages + 2 * kInfoSlots) * 8;
   static constexpr int kInfoOffset = kStageInfoOffset + kStages * sizeof(TileInfo);
   static constexpr int kIssuedOffset = kInfoOffset + kInfoSlots * sizeof(TileInfo);
-  static constexpr int kMapOffset = (kIssuedOffset + 16 + 127) / 128 * 128;
+  // Ping-pong only: the two consumer warpgroups' turn barriers (ConsumePing).
+  static constexpr int kTurnOffset = kIssuedOffset + 16;
+  static constexpr int kMapOffset = (kTurnOffset + 16 + 127) / 128 * 128;
   static constexpr int kBytes = kMapOffset + kMapWarps * 3 * 128 + 1024;  // + alignment slack
   static_assert(kBarrierOffset % 16 == 0 && kStageInfoOffset % 16 == 0, "TileInfo alignment");
   static_assert(kBytes <= 227 * 1024, "over the shared memory of one SM");
@@ -584,6 +587,7 @@ struct Smem {
   TileInfo* stage_info;  // Per stage: the tile it starts (read at a tile's first stage).
   TileInfo* info;        // The scheduler-to-loader ring.
   int* issued;           // k-blocks the loader has issued (shared-memory atomics).
+  uint64_t* turn;        // Ping-pong: per consumer warpgroup, the other's MMAs are issued.
   CUtensorMap* scratch;  // Map scratch (A, B, D): the scheduler's, then each builder's.
 
   __device__ explicit Smem(uint8_t* base)
@@ -595,6 +599,7 @@ struct Smem {
         stage_info(reinterpret_cast<TileInfo*>(base + Layout<BN>::kStageInfoOffset)),
         info(reinterpret_cast<TileInfo*>(base + Layout<BN>::kInfoOffset)),
         issued(reinterpret_cast<int*>(base + Layout<BN>::kIssuedOffset)),
+        turn(reinterpret_cast<uint64_t*>(base + Layout<BN>::kTurnOffset)),
         scratch(reinterpret_cast<CUtensorMap*>(base + Layout<BN>::kMapOffset)) {}
 };
 
@@ -1413,10 +1418,12 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
 // One ping-pong warpgroup's k-blocks of one tile: per k-step, an MMA kN
 // wide for each of the tile's kHalves 64-row halves (1 where the tile's
 // rows fit the first 64: kInfoFirstHalf).
+// Once every MMA of the tile is issued, the warpgroup's warps arrive on
+// `next_turn`, letting the other warpgroup start its main loop.
 template <typename T, int BN, int kN, int kHalves, int kAmn, int kBmn>
 __device__ __forceinline__ void MainLoopPing(float (&acc)[BN], uint8_t* stages, uint64_t* full,
-                                             uint64_t* empty, int kblocks, int& seq,
-                                             bool no_mma) {
+                                             uint64_t* empty, uint64_t* next_turn, int kblocks,
+                                             int& seq, bool no_mma) {
   static_assert(kN <= BN && kN >= 64, "MMA width");
   using L = Layout<BN>;
   constexpr int kRing = L::kStages / 2;
@@ -1457,6 +1464,10 @@ __device__ __forceinline__ void MainLoopPing(float (&acc)[BN], uint8_t* stages, 
       }
     }
     WgmmaCommit();
+    if (kb + 1 == kblocks) {
+      __syncwarp();
+      if ((threadIdx.x & 31) == 0) MbarArrive(next_turn);
+    }
     WgmmaWait<1>();
     FenceRegisters(acc);
     if (previous >= 0) Release<1>(empty, previous);
@@ -1472,17 +1483,22 @@ __device__ __forceinline__ void MainLoopPing(float (&acc)[BN], uint8_t* stages, 
 template <typename T, int BN, int kAmn, int kBmn>
 __device__ __forceinline__ void MainLoopPingAt(int shift, bool one_half, float (&acc)[BN],
                                                uint8_t* stages, uint64_t* full, uint64_t* empty,
-                                               int kblocks, int& seq, bool no_mma) {
+                                               uint64_t* next_turn, int kblocks, int& seq,
+                                               bool no_mma) {
   if (shift == 1) {
     if (one_half) {
-      MainLoopPing<T, BN, BN / 2, 1, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, no_mma);
+      MainLoopPing<T, BN, BN / 2, 1, kAmn, kBmn>(acc, stages, full, empty, next_turn, kblocks,
+                                                 seq, no_mma);
     } else {
-      MainLoopPing<T, BN, BN / 2, 2, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, no_mma);
+      MainLoopPing<T, BN, BN / 2, 2, kAmn, kBmn>(acc, stages, full, empty, next_turn, kblocks,
+                                                 seq, no_mma);
     }
   } else if (one_half) {
-    MainLoopPing<T, BN, BN, 1, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, no_mma);
+    MainLoopPing<T, BN, BN, 1, kAmn, kBmn>(acc, stages, full, empty, next_turn, kblocks, seq,
+                                           no_mma);
   } else {
-    MainLoopPing<T, BN, BN, 2, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, no_mma);
+    MainLoopPing<T, BN, BN, 2, kAmn, kBmn>(acc, stages, full, empty, next_turn, kblocks, seq,
+                                           no_mma);
   }
 }
 
@@ -1503,10 +1519,25 @@ __device__ void ConsumePing(const Params& p, const Smem<BN>& sm) {
   float acc[BN];
   int seq = 0;
   const bool no_mma = Diag(p, kDiagNoMma);
+  // Turns: the warpgroups' main loops alternate, tile by tile (warpgroup
+  // 0's first, then 1's first, then 0's second...), so that the tensor
+  // cores run one warpgroup's MMAs while the other stores. Left to
+  // themselves, both would start their first tiles together and stay in
+  // step, storing at the same time as the cooperative consumers do.
+  // Warpgroup w waits on turn[w], which the other's warps arrive on once
+  // they have issued a tile's MMAs; every wait refers to a tile of the
+  // other warpgroup that comes earlier in the CTA's order, so it exists.
+  uint64_t* my_turn = sm.turn + wg;
+  uint64_t* next_turn = sm.turn + (wg ^ 1);
+  int tiles = 0;  // This warpgroup's tiles so far.
   while (true) {
     MbarWait(&full[seq % kRing], (seq / kRing) & 1);
     const TileInfo ti = ReadTileInfo(&stage_info[seq % kRing]);
     if (ti.tile < 0) break;
+    // Warpgroup 0's tile i waits for the other's tile i - 1, warpgroup 1's
+    // tile i for the other's tile i.
+    if (wg == 1 || tiles > 0) MbarWait(my_turn, (wg == 0 ? tiles - 1 : tiles) & 1);
+    ++tiles;
 #pragma unroll
     for (int i = 0; i < BN; ++i) acc[i] = 0.0f;
     FenceRegisters(acc);
@@ -1515,10 +1546,10 @@ __device__ void ConsumePing(const Params& p, const Smem<BN>& sm) {
     const int layout =
         ((ti.flags & kInfoTransposeA) ? 2 : 0) + ((ti.flags & kInfoTransposeB) ? 0 : 1);
     switch (layout) {
-      case 0: MainLoopPingAt<T, BN, 0, 0>(shift, one_half, acc, stages, full, empty, ti.kblocks, seq, no_mma); break;
-      case 1: MainLoopPingAt<T, BN, 0, 1>(shift, one_half, acc, stages, full, empty, ti.kblocks, seq, no_mma); break;
-      case 2: MainLoopPingAt<T, BN, 1, 0>(shift, one_half, acc, stages, full, empty, ti.kblocks, seq, no_mma); break;
-      default: MainLoopPingAt<T, BN, 1, 1>(shift, one_half, acc, stages, full, empty, ti.kblocks, seq, no_mma); break;
+      case 0: MainLoopPingAt<T, BN, 0, 0>(shift, one_half, acc, stages, full, empty, next_turn, ti.kblocks, seq, no_mma); break;
+      case 1: MainLoopPingAt<T, BN, 0, 1>(shift, one_half, acc, stages, full, empty, next_turn, ti.kblocks, seq, no_mma); break;
+      case 2: MainLoopPingAt<T, BN, 1, 0>(shift, one_half, acc, stages, full, empty, next_turn, ti.kblocks, seq, no_mma); break;
+      default: MainLoopPingAt<T, BN, 1, 1>(shift, one_half, acc, stages, full, empty, next_turn, ti.kblocks, seq, no_mma); break;
     }
     if (Diag(p, kDiagNoStores)) continue;
     const int width = BN >> shift;
@@ -1581,6 +1612,10 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
     for (int i = 0; i < kInfoSlots; ++i) {
       MbarInit(&sm.info_full[i], 1);
       MbarInit(&sm.info_empty[i], 1);
+    }
+    if constexpr (kPing) {
+      MbarInit(&sm.turn[0], kConsumerWarps / 2);  // The four warps of the other warpgroup.
+      MbarInit(&sm.turn[1], kConsumerWarps / 2);
     }
     *sm.issued = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
