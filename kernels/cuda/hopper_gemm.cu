@@ -1097,6 +1097,38 @@ __device__ void EpilogueTma(float alpha, const CUtensorMap* map_d, const float (
   }
 }
 
+// Stores a consumer warpgroup's 64 x BN accumulators as the rows from
+// `row0` of tile `ti`: by TMA through `map_d` (acquired by the caller)
+// where the tile's flags say so, else from registers. `width`, `buffers`,
+// `wg` and `stores` as for EpilogueTma.
+template <int BN>
+__device__ __forceinline__ void StoreRows(const Params& p, const TileInfo& ti,
+                                          const CUtensorMap* map_d, const float (&acc)[BN / 2],
+                                          int row0, int width, uint8_t* buffers, int wg,
+                                          int& stores) {
+  if (ti.flags & kInfoTmaStore) {
+    switch (p.output) {
+      case DType::kFloat32:
+        EpilogueTma<float, BN>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, wg, stores);
+        break;
+      case DType::kBFloat16:
+        EpilogueTma<__nv_bfloat16, BN>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, wg,
+                                       stores);
+        break;
+      default:
+        EpilogueTma<__half, BN>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, wg, stores);
+        break;
+    }
+    return;
+  }
+  const DeviceGemmProblem& pr = Problem(p, ti.problem);
+  switch (p.output) {
+    case DType::kFloat32: Epilogue<float, BN>(pr, acc, row0, ti.n0); break;
+    case DType::kBFloat16: Epilogue<__nv_bfloat16, BN>(pr, acc, row0, ti.n0); break;
+    default: Epilogue<__half, BN>(pr, acc, row0, ti.n0); break;
+  }
+}
+
 // Gives stage `s` back to the loader: this CTA's and, with clusters, the
 // peer's (whose multicast writes into this CTA's stage too). Called by the
 // whole warp once its reads of the stage (its MMAs, and at a tile's first
@@ -1363,41 +1395,15 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
       MATMUL_TRACE(tr[5] = tr[4]; record();)
       continue;
     }
-    const int row0 = ti.m0 + wg * 64;
-    const int col0 = ti.n0;
-    const int width = BN >> shift;
-    if (ti.flags & kInfoTmaStore) {
-      const CUtensorMap* map_d = Map(p, ti.problem, 2);
-      if ((threadIdx.x & 127) == 0 && acquired_d != ti.problem && !Inline(p) &&
-          !Diag(p, kDiagNoAcquire)) {
-        // Built by a map builder or a scheduler (this CTA's or another's)
-        // and seen through the map flag before the tile was handed over.
-        AcquireMap(map_d);
-        acquired_d = ti.problem;
-      }
-      switch (p.output) {
-        case DType::kFloat32:
-          EpilogueTma<float, BN>(ti.alpha, map_d, acc, row0, col0, width, store_buffers, wg,
-                                 stores);
-          break;
-        case DType::kBFloat16:
-          EpilogueTma<__nv_bfloat16, BN>(ti.alpha, map_d, acc, row0, col0, width, store_buffers,
-                                         wg, stores);
-          break;
-        default:
-          EpilogueTma<__half, BN>(ti.alpha, map_d, acc, row0, col0, width, store_buffers, wg,
-                                  stores);
-          break;
-      }
-      MATMUL_TRACE(tr[5] = clock64(); record();)
-      continue;
+    const CUtensorMap* map_d = Map(p, ti.problem, 2);
+    if ((ti.flags & kInfoTmaStore) && (threadIdx.x & 127) == 0 && acquired_d != ti.problem &&
+        !Inline(p) && !Diag(p, kDiagNoAcquire)) {
+      // Built by a map builder or a scheduler (this CTA's or another's)
+      // and seen through the map flag before the tile was handed over.
+      AcquireMap(map_d);
+      acquired_d = ti.problem;
     }
-    const DeviceGemmProblem& pr = Problem(p, ti.problem);
-    switch (p.output) {
-      case DType::kFloat32: Epilogue<float, BN>(pr, acc, row0, col0); break;
-      case DType::kBFloat16: Epilogue<__nv_bfloat16, BN>(pr, acc, row0, col0); break;
-      default: Epilogue<__half, BN>(pr, acc, row0, col0); break;
-    }
+    StoreRows<BN>(p, ti, map_d, acc, ti.m0 + wg * 64, BN >> shift, store_buffers, wg, stores);
     MATMUL_TRACE(tr[5] = clock64(); record();)
   }
   // Shared memory must outlive the last stores' reads, and their writes
@@ -1559,34 +1565,11 @@ __device__ void ConsumePing(const Params& p, const Smem<BN>& sm) {
       AcquireMap(map_d);  // As in Consume.
       acquired_d = ti.problem;
     }
-    const DeviceGemmProblem& pr = Problem(p, ti.problem);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (h == 1 && one_half) break;  // Rows 64-127 lie below the problem.
       const float(&half)[BN / 2] = *reinterpret_cast<const float(*)[BN / 2]>(&acc[h * (BN / 2)]);
-      const int row0 = ti.m0 + h * 64;
-      if (ti.flags & kInfoTmaStore) {
-        switch (p.output) {
-          case DType::kFloat32:
-            EpilogueTma<float, BN>(ti.alpha, map_d, half, row0, ti.n0, width, store_buffers, wg,
-                                   stores);
-            break;
-          case DType::kBFloat16:
-            EpilogueTma<__nv_bfloat16, BN>(ti.alpha, map_d, half, row0, ti.n0, width,
-                                           store_buffers, wg, stores);
-            break;
-          default:
-            EpilogueTma<__half, BN>(ti.alpha, map_d, half, row0, ti.n0, width, store_buffers, wg,
-                                    stores);
-            break;
-        }
-      } else {
-        switch (p.output) {
-          case DType::kFloat32: Epilogue<float, BN>(pr, half, row0, ti.n0); break;
-          case DType::kBFloat16: Epilogue<__nv_bfloat16, BN>(pr, half, row0, ti.n0); break;
-          default: Epilogue<__half, BN>(pr, half, row0, ti.n0); break;
-        }
-      }
+      StoreRows<BN>(p, ti, map_d, half, ti.m0 + h * 64, width, store_buffers, wg, stores);
     }
   }
   // Shared memory must outlive the last stores' reads, and their writes
