@@ -16,11 +16,9 @@
 # can be read against the cooperative kernel at the same tile width too.
 set -uo pipefail
 bin=$1 out=$2
-mkdir -p "$out"
-[[ -d $bin/../lib ]] && export LD_LIBRARY_PATH="$bin/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv >"$out/gpu.txt" 2>&1
 source "$here/run_step.sh"
+gpu_setup "$bin" "$out"
 run pingpong_test 200 "$bin/grouped_gemm_test" --gtest_filter='*PingPong*' --gtest_brief=1
 grep -hE 'Failure|Expected|Which is|moved' "$out"/pingpong_test.log | head -20
 if ! grep -q 'PASSED.*1 test' "$out/pingpong_test.log"; then

@@ -18,11 +18,9 @@
 # and the control's (which should not move).
 set -uo pipefail
 bin=$1 out=$2
-mkdir -p "$out"
-[[ -d $bin/../lib ]] && export LD_LIBRARY_PATH="$bin/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv >"$out/gpu.txt" 2>&1
 source "$here/run_step.sh"
+gpu_setup "$bin" "$out"
 run cuda_engine_test 150 "$bin/cuda_engine_test" --gtest_brief=1
 grep -hE 'Failure|Expected|Which is|resident mask' "$out"/cuda_engine_test.log | head -20
 sizes=(--quick --only=single --dtype=bfloat16 --size=2056x2056x2056 --size=3000x3000x3000

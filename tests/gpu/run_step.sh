@@ -15,3 +15,13 @@ run() {  # name, timeout, command...
   summary+=("$(printf '%-22s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" \
       "$(grep -E "$summary_pattern" "$out/$name.log" | tail -2 | tr '\n' ' ')")")
 }
+
+# `gpu_setup BIN_DIR OUT_DIR`: makes OUT_DIR, puts BIN_DIR/../lib (the
+# bundled shared libraries, where they travel with the binaries) on the
+# library path and records the GPU, its clocks and driver in OUT_DIR/gpu.txt.
+gpu_setup() {
+  mkdir -p "$2"
+  [[ -d $1/../lib ]] && export LD_LIBRARY_PATH="$1/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv \
+      >"$2/gpu.txt" 2>&1
+}
