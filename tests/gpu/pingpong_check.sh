@@ -13,7 +13,9 @@
 # batches and bf16 2048^3 / 4096^3 in two alternating rounds, --pingpong=1
 # against the default (ab_kernels.sh, back-to-back); one run of the same
 # rows with --tile_n=128 and without ping-pong, so that the ping-pong rows
-# can be read against the cooperative kernel at the same tile width too.
+# can be read against the cooperative kernel at the same tile width too;
+# last, GroupedGemmTest.PingPongTurnsOnASmallBatch under compute-sanitizer's
+# racecheck and synccheck (the turns' mbarriers and the two rings).
 set -uo pipefail
 bin=$1 out=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,7 +23,7 @@ source "$here/run_step.sh"
 gpu_setup "$bin" "$out"
 run pingpong_test 200 "$bin/grouped_gemm_test" --gtest_filter='*PingPong*' --gtest_brief=1
 grep -hE 'Failure|Expected|Which is|moved' "$out"/pingpong_test.log | head -20
-if ! grep -q 'PASSED.*1 test' "$out/pingpong_test.log"; then
+if ! grep -q 'PASSED.*2 tests' "$out/pingpong_test.log"; then
   printf '%s\n' "${summary[@]}"
   echo "ping-pong test did not pass: no timings"
   exit 1
@@ -35,4 +37,11 @@ run narrow 90 "$bin/gemm-bench" "${rows[@]}" --tile_n=128 --timing=back-to-back 
 tail -n 14 "$out/ab.txt"
 echo "== cooperative at --tile_n=128, back-to-back"
 grep -E 'ours persistent|cuBLAS|cublasGemmGrouped' "$out/narrow.log"
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+summary_pattern='ERROR SUMMARY|PASSED|FAILED'
+run pingpong_racecheck 150 "$sanitizer" --tool racecheck --racecheck-report hazard \
+    --error-exitcode 99 --print-limit 20 "$bin/grouped_gemm_test" --gtest_brief=1 \
+    --gtest_filter='*PingPongTurnsOnASmallBatch*'
+run pingpong_synccheck 100 "$sanitizer" --tool synccheck --error-exitcode 99 --print-limit 20 \
+    "$bin/grouped_gemm_test" --gtest_brief=1 --gtest_filter='*PingPongTurnsOnASmallBatch*'
 printf '%s\n' "${summary[@]}"

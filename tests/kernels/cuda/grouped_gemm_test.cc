@@ -754,6 +754,20 @@ TEST_F(GroupedGemmTest, PingPongConsumers) {
   pingpong_ = false;
 }
 
+// The ping-pong consumers' turns on a batch small enough for compute-sanitizer
+// (tests/gpu/pingpong_check.sh runs it under racecheck and synccheck): about
+// six 128x128 tiles per CTA, so each warpgroup waits for the other's turn
+// several times, with edge tiles, every layout and beta.
+TEST_F(GroupedGemmTest, PingPongTurnsOnASmallBatch) {
+  pingpong_ = true;
+  const LaunchReport report =
+      RunAndCheck(MixedBatch(200, 400, DType::kBFloat16, DType::kBFloat16, rng_),
+                  DType::kBFloat16, DType::kBFloat16, Precision::kDefault,
+                  KernelFamily::kPersistent, 0, "ping-pong turns, 200 problems");
+  if (launcher_->has_hopper_kernels()) EXPECT_EQ(report.hopper_tile, "128x128 ping-pong");
+  pingpong_ = false;
+}
+
 // Runs everywhere: without a GPU, the engine reports why instead of crashing.
 TEST(CudaEngineCreationTest, NoGpuIsACleanError) {
   if (testing::NoGpuReason().empty()) GTEST_SKIP() << "a GPU is present; nothing to check";
