@@ -89,13 +89,15 @@ struct GroupedGemmOptions {
   // tenth round: odd single problems 4-13% faster, grouped batches 0-3%,
   // no row slower); off only for benchmarks and tests of the full-width path.
   bool hopper_edge_tiles = true;
-  // Experimental, off by default, and not yet run on a GPU: ping-pong
-  // consumers (hopper_gemm.cu, ConsumePing), where each of the Hopper
-  // kernel's two consumer warpgroups takes whole 128 x 128 tiles of its own
-  // so that one's epilogue overlaps the other's MMAs. Needs 16-bit inputs;
-  // the tile width is then 128 (hopper_tile_n must be 0 or 128), single
-  // CTAs (hopper_cluster 0 or 1) and no split-K tail. For benchmarks and
-  // tests until measured.
+  // Experimental and off by default: ping-pong consumers (hopper_gemm.cu,
+  // ConsumePing), where each of the Hopper kernel's two consumer
+  // warpgroups takes whole 128 x 128 tiles of its own so that one's
+  // epilogue overlaps the other's MMAs. Needs 16-bit inputs; the tile width
+  // is then 128 (hopper_tile_n must be 0 or 128), single CTAs
+  // (hopper_cluster 0 or 1) and no split-K tail. Measured on an H100
+  // (docs/BENCHMARKS.md, thirteenth round): 2-7% faster than the
+  // cooperative consumers at the same width, but slower than the 128 x 256
+  // tiles the launcher picks for every benchmark row, so nothing uses it.
   bool hopper_pingpong = false;
 };
 

@@ -30,11 +30,10 @@
 // main loop. A stage carrying tile -1 ends the consumers' loop.
 //
 // Ping-pong (experimental, HopperLaunch::pingpong, 16-bit inputs, 128x128
-// tiles, single CTAs, no split tail; not yet run on a GPU): the stages are
-// two rings, one per consumer warpgroup, and each warpgroup takes every
-// other tile whole (all 128 rows, two wgmmas a k-step) from its own ring,
-// and their main loops take turns, so that one warpgroup's epilogue
-// overlaps the other's MMAs (ConsumePing).
+// tiles, single CTAs, no split tail): each consumer warpgroup takes every
+// other tile whole (all 128 rows, two wgmmas a k-step) from the one ring of
+// stages, and their main loops take turns, so that one warpgroup's
+// epilogue overlaps the other's MMAs (ConsumePing).
 //
 // Clusters (kCluster = 2): two CTAs on neighbouring SMs take a pair of
 // vertically adjacent tiles (same B panel, two A panels) as one unit. Each
@@ -568,9 +567,11 @@ struct Layout {
   static constexpr int kStageInfoOffset = kBarrierOffset + (2 * kStages + 2 * kInfoSlots) * 8;
   static constexpr int kInfoOffset = kStageInfoOffset + kStages * sizeof(TileInfo);
   static constexpr int kIssuedOffset = kInfoOffset + kInfoSlots * sizeof(TileInfo);
-  // Ping-pong only: the two consumer warpgroups' turn barriers (ConsumePing).
+  // Ping-pong only: the two consumer warpgroups' turn barriers, then the
+  // k-blocks of each one's current tile (ConsumePing).
   static constexpr int kTurnOffset = kIssuedOffset + 16;
-  static constexpr int kMapOffset = (kTurnOffset + 16 + 127) / 128 * 128;
+  static constexpr int kTurnBlocksOffset = kTurnOffset + 16;
+  static constexpr int kMapOffset = (kTurnBlocksOffset + 8 + 127) / 128 * 128;
   static constexpr int kBytes = kMapOffset + kMapWarps * 3 * 128 + 1024;  // + alignment slack
   static_assert(kBarrierOffset % 16 == 0 && kStageInfoOffset % 16 == 0, "TileInfo alignment");
   static_assert(kBytes <= 227 * 1024, "over the shared memory of one SM");
@@ -588,6 +589,7 @@ struct Smem {
   TileInfo* info;        // The scheduler-to-loader ring.
   int* issued;           // k-blocks the loader has issued (shared-memory atomics).
   uint64_t* turn;        // Ping-pong: per consumer warpgroup, the other's MMAs are issued.
+  int* turn_kblocks;     // Ping-pong: per consumer warpgroup, its current tile's k-blocks.
   CUtensorMap* scratch;  // Map scratch (A, B, D): the scheduler's, then each builder's.
 
   __device__ explicit Smem(uint8_t* base)
@@ -600,6 +602,7 @@ struct Smem {
         info(reinterpret_cast<TileInfo*>(base + Layout<BN>::kInfoOffset)),
         issued(reinterpret_cast<int*>(base + Layout<BN>::kIssuedOffset)),
         turn(reinterpret_cast<uint64_t*>(base + Layout<BN>::kTurnOffset)),
+        turn_kblocks(reinterpret_cast<int*>(base + Layout<BN>::kTurnBlocksOffset)),
         scratch(reinterpret_cast<CUtensorMap*>(base + Layout<BN>::kMapOffset)) {}
 };
 
@@ -911,18 +914,13 @@ __device__ void Schedule(const Params& p, const Smem<BN>& sm) {
 // first stage carries its TileInfo to the consumers; after the last tile, a
 // stage with tile -1 and no bytes ends the consumers' loop.
 //
-// Ping-pong (kPing): the stages form two rings of kStages / 2, one per
-// consumer warpgroup, and the tiles go to the rings in turn (tile n to
-// ring n % 2); `seq` counts the current ring's stages, `other_seq` the
-// other's, swapped after each tile. Each ring then ends with its own tile
-// -1.
-template <typename T, int BN, int kCluster, bool kPing = false>
+// The ping-pong consumers read the same ring, each warpgroup the stages of
+// its own tiles (ConsumePing).
+template <typename T, int BN, int kCluster>
 __device__ void Load(const Params& p, const Smem<BN>& sm) {
   using L = Layout<BN>;
-  constexpr int kRing = kPing ? L::kStages / 2 : L::kStages;  // Stages per ring.
   const int rank = kCluster > 1 ? static_cast<int>(ClusterRank()) : 0;
   int seq = 0;
-  int other_seq = 0;  // Ping-pong: the other ring's count.
   int current = -1;  // Problem whose maps this thread has acquired.
   const CUtensorMap* map_a = nullptr;
   const CUtensorMap* map_b = nullptr;
@@ -947,13 +945,12 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
       PrefetchMap(map_b);
       current = ti.problem;
     }
-    const int ring = kPing ? (n & 1) : 0;
     for (int kb = 0; kb < ti.kblocks; ++kb, ++seq) {
-      const int s = ring * kRing + seq % kRing;
-      MbarWait(&sm.empty[s], ((seq / kRing) & 1) ^ 1);
+      const int s = seq % L::kStages;
+      MbarWait(&sm.empty[s], ((seq / L::kStages) & 1) ^ 1);
       MATMUL_TRACE(if (kb == 0) tr[3] = clock64();)
       if (kb == 0) sm.stage_info[s] = ti;  // Released to the consumers by the arrive below.
-      if (Diag(p, kDiagNoLoads) && seq >= kRing) {
+      if (Diag(p, kDiagNoLoads) && seq >= L::kStages) {
         MbarArrive(&sm.full[s]);
       } else {
         IssueStage<T, BN, kCluster>(ti.flags, map_a, map_b, sm.stages, sm.full, s, ti.kb0 + kb,
@@ -963,22 +960,11 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
     }
     MATMUL_TRACE(tr[4] = clock64();
                  TraceRecord(p, 1, 0, ti.tile, ti.problem, ti.kblocks, TraceUnit(ti.flags), tr);)
-    if constexpr (kPing) {
-      const int t = seq;
-      seq = other_seq;
-      other_seq = t;
-    }
   }
-  // Tile -1 at the next stage of every ring (with ping-pong, `seq` counts
-  // ring n % 2, the one tile n would have gone to, and `other_seq` the other).
-  for (int r = 0; r < (kPing ? 2 : 1); ++r) {
-    const int ring = kPing ? ((n + r) & 1) : 0;
-    const int ring_seq = r == 0 ? seq : other_seq;
-    const int s = ring * kRing + ring_seq % kRing;
-    MbarWait(&sm.empty[s], ((ring_seq / kRing) & 1) ^ 1);
-    sm.stage_info[s].tile = -1;
-    MbarArrive(&sm.full[s]);
-  }
+  const int s = seq % L::kStages;
+  MbarWait(&sm.empty[s], ((seq / L::kStages) & 1) ^ 1);
+  sm.stage_info[s].tile = -1;
+  MbarArrive(&sm.full[s]);
 }
 
 template <typename TOut>
@@ -1412,9 +1398,9 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
 }
 
 // Ping-pong consumers (kPing: 16-bit inputs, single CTAs, no split tiles):
-// each warpgroup takes every other tile, all 128 rows of it, on a ring of
-// half the stages that only it reads (Load), so that one warpgroup's
-// epilogue runs while the other's MMAs do. Measured on the H100
+// each warpgroup takes every other tile, all 128 rows of it, from the one
+// ring of stages, so that one warpgroup's epilogue runs while the other's
+// MMAs do. Measured on the H100
 // (docs/BENCHMARKS.md, twelfth round), a small tile of the 1024-problem
 // batch spent as long in its epilogue (1.7 us) as in its main loop, with
 // the tensor cores idle meanwhile. Accumulators: rows 0-63 in acc[0, BN/2),
@@ -1432,15 +1418,14 @@ __device__ __forceinline__ void MainLoopPing(float (&acc)[BN], uint8_t* stages, 
                                              int& seq, bool no_mma) {
   static_assert(kN <= BN && kN >= 64, "MMA width");
   using L = Layout<BN>;
-  constexpr int kRing = L::kStages / 2;
   constexpr int BK = Elem<T>::kBK;
   constexpr int kSteps = BK / Elem<T>::kStep;
   float(&part0)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0]);
   float(&part1)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[BN / 2]);
   int previous = -1;  // Stage whose MMAs may still be running.
   for (int kb = 0; kb < kblocks; ++kb, ++seq) {
-    const int s = seq % kRing;
-    MbarWait(&full[s], (seq / kRing) & 1);
+    const int s = seq % L::kStages;
+    MbarWait(&full[s], (seq / L::kStages) & 1);
     const uint32_t sa = SmemAddr(stages + s * L::kStageBytes);
     const uint32_t sb = sa + L::kABytes;
     WgmmaFence();
@@ -1513,12 +1498,7 @@ __device__ void ConsumePing(const Params& p, const Smem<BN>& sm) {
   static_assert(sizeof(T) == 2 && BN / 2 >= 64 && BN / 4 < 64,
                 "ping-pong: 16-bit inputs, tiles at most half-narrowed");
   using L = Layout<BN>;
-  constexpr int kRing = L::kStages / 2;
-  const int wg = (threadIdx.x >> 7) - 1;  // 0 or 1: also this warpgroup's ring
-  uint8_t* stages = sm.stages + wg * kRing * L::kStageBytes;
-  uint64_t* full = sm.full + wg * kRing;
-  uint64_t* empty = sm.empty + wg * kRing;
-  const TileInfo* stage_info = sm.stage_info + wg * kRing;
+  const int wg = (threadIdx.x >> 7) - 1;  // 0 or 1
   uint8_t* store_buffers = sm.stages + L::kStoreOffset + wg * 2 * L::kStoreBufferBytes;
   int stores = 0;       // TMA-stored boxes so far (picks the staging buffer)
   int acquired_d = -1;  // Problem whose D map this warpgroup last acquired
@@ -1533,17 +1513,42 @@ __device__ void ConsumePing(const Params& p, const Smem<BN>& sm) {
   // Warpgroup w waits on turn[w], which the other's warps arrive on once
   // they have issued a tile's MMAs; every wait refers to a tile of the
   // other warpgroup that comes earlier in the CTA's order, so it exists.
+  //
+  // Both read the one ring of stages, each the stages of its own tiles:
+  // the loader runs ahead into the next tile's stages while a warpgroup's
+  // main loop runs, whoever takes it. (Measured on the H100, a ring of half
+  // the stages per warpgroup left the loader blocked on one ring while the
+  // other ran dry, and took more than twice as long as the cooperative
+  // consumers.) A warpgroup learns how far to skip, the k-blocks of the
+  // other's tile in between, from turn_kblocks, written before the turn
+  // is handed over. The stage of tile -1 is read by both: a warpgroup that
+  // reads it hands over the turn with nothing to skip.
   uint64_t* my_turn = sm.turn + wg;
   uint64_t* next_turn = sm.turn + (wg ^ 1);
+  const bool leader = (threadIdx.x & 127) == 0;  // Lane 0 of the warpgroup's first warp.
   int tiles = 0;  // This warpgroup's tiles so far.
   while (true) {
-    MbarWait(&full[seq % kRing], (seq / kRing) & 1);
-    const TileInfo ti = ReadTileInfo(&stage_info[seq % kRing]);
-    if (ti.tile < 0) break;
     // Warpgroup 0's tile i waits for the other's tile i - 1, warpgroup 1's
     // tile i for the other's tile i.
-    if (wg == 1 || tiles > 0) MbarWait(my_turn, (wg == 0 ? tiles - 1 : tiles) & 1);
+    if (wg == 1 || tiles > 0) {
+      MbarWait(my_turn, (wg == 0 ? tiles - 1 : tiles) & 1);
+      // Lane 0 reads and shares it, as in ReadTileInfo, so that each read
+      // is ordered before the warp's next arrive on next_turn.
+      int skip = 0;
+      if ((threadIdx.x & 31) == 0) skip = *static_cast<volatile int*>(&sm.turn_kblocks[wg ^ 1]);
+      seq += __shfl_sync(0xffffffffu, skip, 0);
+    }
     ++tiles;
+    MbarWait(&sm.full[seq % L::kStages], (seq / L::kStages) & 1);
+    const TileInfo ti = ReadTileInfo(&sm.stage_info[seq % L::kStages]);
+    if (ti.tile < 0) {
+      if (leader) sm.turn_kblocks[wg] = 0;
+      __syncwarp();
+      if ((threadIdx.x & 31) == 0) MbarArrive(next_turn);
+      break;
+    }
+    // Released to the other warpgroup by this warp's arrive on next_turn.
+    if (leader) sm.turn_kblocks[wg] = ti.kblocks;
 #pragma unroll
     for (int i = 0; i < BN; ++i) acc[i] = 0.0f;
     FenceRegisters(acc);
@@ -1552,10 +1557,10 @@ __device__ void ConsumePing(const Params& p, const Smem<BN>& sm) {
     const int layout =
         ((ti.flags & kInfoTransposeA) ? 2 : 0) + ((ti.flags & kInfoTransposeB) ? 0 : 1);
     switch (layout) {
-      case 0: MainLoopPingAt<T, BN, 0, 0>(shift, one_half, acc, stages, full, empty, next_turn, ti.kblocks, seq, no_mma); break;
-      case 1: MainLoopPingAt<T, BN, 0, 1>(shift, one_half, acc, stages, full, empty, next_turn, ti.kblocks, seq, no_mma); break;
-      case 2: MainLoopPingAt<T, BN, 1, 0>(shift, one_half, acc, stages, full, empty, next_turn, ti.kblocks, seq, no_mma); break;
-      default: MainLoopPingAt<T, BN, 1, 1>(shift, one_half, acc, stages, full, empty, next_turn, ti.kblocks, seq, no_mma); break;
+      case 0: MainLoopPingAt<T, BN, 0, 0>(shift, one_half, acc, sm.stages, sm.full, sm.empty, next_turn, ti.kblocks, seq, no_mma); break;
+      case 1: MainLoopPingAt<T, BN, 0, 1>(shift, one_half, acc, sm.stages, sm.full, sm.empty, next_turn, ti.kblocks, seq, no_mma); break;
+      case 2: MainLoopPingAt<T, BN, 1, 0>(shift, one_half, acc, sm.stages, sm.full, sm.empty, next_turn, ti.kblocks, seq, no_mma); break;
+      default: MainLoopPingAt<T, BN, 1, 1>(shift, one_half, acc, sm.stages, sm.full, sm.empty, next_turn, ti.kblocks, seq, no_mma); break;
     }
     if (Diag(p, kDiagNoStores)) continue;
     const int width = BN >> shift;
@@ -1565,11 +1570,14 @@ __device__ void ConsumePing(const Params& p, const Smem<BN>& sm) {
       AcquireMap(map_d);  // As in Consume.
       acquired_d = ti.problem;
     }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (h == 1 && one_half) break;  // Rows 64-127 lie below the problem.
-      const float(&half)[BN / 2] = *reinterpret_cast<const float(*)[BN / 2]>(&acc[h * (BN / 2)]);
-      StoreRows<BN>(p, ti, map_d, half, ti.m0 + h * 64, width, store_buffers, wg, stores);
+    // Each half at a constant offset: a loop over the halves (even
+    // unrolled, with its early exit) put acc in local memory, 512 bytes of
+    // stack, and every MMA went through it.
+    const float(&top)[BN / 2] = *reinterpret_cast<const float(*)[BN / 2]>(&acc[0]);
+    const float(&bottom)[BN / 2] = *reinterpret_cast<const float(*)[BN / 2]>(&acc[BN / 2]);
+    StoreRows<BN>(p, ti, map_d, top, ti.m0, width, store_buffers, wg, stores);
+    if (!one_half) {  // Otherwise rows 64-127 lie below the problem.
+      StoreRows<BN>(p, ti, map_d, bottom, ti.m0 + 64, width, store_buffers, wg, stores);
     }
   }
   // Shared memory must outlive the last stores' reads, and their writes
@@ -1614,7 +1622,7 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
     if (threadIdx.x == 0) {
-      Load<T, BN, kCluster, kPing>(p, sm);
+      Load<T, BN, kCluster>(p, sm);
     } else if (threadIdx.x >= 32 && threadIdx.x < 64) {
       Schedule<T, BN, kCluster>(p, sm);
     } else if (threadIdx.x >= 64) {  // Warps 2 and 3: the kMapBuilders builders.
