@@ -4,7 +4,7 @@
 //              [--only=single|grouped] [--size=LABEL]... [--dtype=NAME]...
 //              [--tile_n=256|128|64] [--cluster=1|2] [--b_stored=kxn|nxk]
 //              [--inline=N] [--split_k=N] [--edge_tiles=0|1] [--reps=N]
-//              [--row_align=BYTES] [--pingpong=0|1]
+//              [--row_align=BYTES] [--pingpong=0|1] [--simt_tile=0|64|128]
 //
 // --size picks single-problem rows by label (4096^3) and grouped batches by
 // their problem count (256, 1024, 64); a label MxNxK not in the table (such
@@ -20,7 +20,8 @@
 // an engine that lays out its own copies can (the padding is random data,
 // never read). --pingpong=1 sets GroupedGemmOptions::hopper_pingpong for
 // every row of ours (experimental ping-pong consumers, 16-bit inputs,
-// 128x128 tiles). --edge_tiles=0|1 sets GroupedGemmOptions::hopper_edge_tiles
+// 128x128 tiles). --simt_tile=N sets GroupedGemmOptions::simt_tile for the
+// exact float32 rows (0, the default: the launcher picks). --edge_tiles=0|1 sets GroupedGemmOptions::hopper_edge_tiles
 // for every row of ours (edge tiles run narrower MMAs; on by default), so
 // that one build measures both ways. --reps=N times every row N times instead of the
 // default count (for a host profile of the launcher, say: CPUPROFILE with
@@ -212,6 +213,8 @@ bool g_edge_tiles = GroupedGemmOptions().hopper_edge_tiles;
 int g_reps = 0;
 // GroupedGemmOptions::hopper_pingpong (--pingpong).
 bool g_pingpong = false;
+// GroupedGemmOptions::simt_tile for exact float32 rows (--simt_tile).
+int g_simt_tile = 0;
 constexpr int kBatch = 8;
 
 // The median of `v` (0 when empty).
@@ -338,6 +341,7 @@ class Bench {
       o.hopper_edge_tiles = g_edge_tiles;
       o.hopper_pingpong = g_pingpong && family != KernelFamily::kCublas &&
                           (in == DType::kBFloat16 || in == DType::kFloat16);
+      if (in == DType::kFloat32 && precision == Precision::kDefault) o.simt_tile = g_simt_tile;
       const Timed timed = TimeMedian(stream_, static_cast<int>(buffers->sets.size()), reps, [&](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
       });
@@ -367,6 +371,8 @@ class Bench {
             absl::StrAppend(&r.tile, ", split-K ", report.hopper_split_k, " on ",
                             report.hopper_split_tiles, " tiles");
           }
+        } else if (report.simt_tile != 0) {
+          r.tile = absl::StrCat("SIMT ", report.simt_tile, "x", report.simt_tile);
         }
       }
       r.ratio = cublas_ms / ms;
@@ -553,6 +559,7 @@ int Main(int argc, char** argv) {
     else if (a == "--edge_tiles=0") g_edge_tiles = false;
     else if (a == "--pingpong=1") g_pingpong = true;
     else if (a == "--pingpong=0") g_pingpong = false;
+    else if (a.rfind("--simt_tile=", 0) == 0) g_simt_tile = std::atoi(a.c_str() + 12);
     else if (a.rfind("--reps=", 0) == 0) g_reps = std::atoi(a.c_str() + 7);
     else if (a.rfind("--row_align=", 0) == 0) g_row_align = std::atoll(a.c_str() + 12);
     else if (a == "--b_stored=nxk") g_b_nxk = true;

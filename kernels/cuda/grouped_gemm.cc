@@ -373,6 +373,20 @@ bool HopperReady(const DeviceGemmProblem& p, DType input) {
   return GroupedGemmLauncher::HopperEligible(relaid, input);
 }
 
+// The SIMT launch's tile side: the option where set; else 128 x 128 tiles
+// for float32 inputs (SimtWideGemm) when there are at least as many of them
+// as SMs, so that the wider tiles' fewer loads per FMA do not cost idle SMs.
+int SimtTile(absl::Span<const DeviceGemmProblem> simt, const GroupedGemmOptions& o, int num_sms) {
+  if (o.simt_tile != 0) return o.simt_tile;
+  if (o.input != DType::kFloat32) return kSimtTile;
+  int64_t wide_tiles = 0;
+  for (const DeviceGemmProblem& p : simt) {
+    wide_tiles += CeilDiv(p.m, kSimtWideTile) * CeilDiv(p.n, kSimtWideTile);
+    if (wide_tiles >= num_sms) return kSimtWideTile;
+  }
+  return kSimtTile;
+}
+
 // Decides each problem's path.
 std::vector<Path> Plan(absl::Span<const DeviceGemmProblem> problems,
                        const GroupedGemmOptions& o, bool hopper) {
@@ -700,6 +714,15 @@ absl::Status ValidHopperOptions(const GroupedGemmOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("hopper_split_k must be 0 to ",
                                                    kHopperMaxSplits, ", not ", o.hopper_split_k));
   }
+  if (o.simt_tile != 0 && o.simt_tile != kSimtTile && o.simt_tile != kSimtWideTile) {
+    return absl::InvalidArgumentError(absl::StrCat("simt_tile must be 0, ", kSimtTile, " or ",
+                                                   kSimtWideTile, ", not ", o.simt_tile));
+  }
+  if (o.simt_tile == kSimtWideTile && o.input != DType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat("simt_tile ", kSimtWideTile,
+                                                   " needs float32 inputs, not ",
+                                                   DTypeName(o.input)));
+  }
   if (o.hopper_pingpong) {
     if (o.input != DType::kBFloat16 && o.input != DType::kFloat16) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -982,11 +1005,9 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     if (!staged.ok()) return staged.status();
     uint8_t* host = staged->host;
     std::memcpy(host, simt.data(), simt.size() * sizeof(DeviceGemmProblem));
+    const int tile = SimtTile(simt, options, num_sms_);
     absl::StatusOr<int32_t> tiles = WriteTileOffsets(
-        simt,
-        [](const DeviceGemmProblem& p) {
-          return CeilDiv(p.m, kSimtTile) * CeilDiv(p.n, kSimtTile);
-        },
+        simt, [tile](const DeviceGemmProblem& p) { return CeilDiv(p.m, tile) * CeilDiv(p.n, tile); },
         reinterpret_cast<int32_t*>(host + layout.simt_offsets - layout.simt_table));
     if (!tiles.ok()) return tiles.status();
     if (auto s = check(Impl::Send(*staged, ws + layout.simt_table, stream)); !s.ok()) {
@@ -998,15 +1019,18 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     l.problems = reinterpret_cast<const DeviceGemmProblem*>(ws + layout.simt_table);
     l.tile_offsets = reinterpret_cast<const int32_t*>(ws + layout.simt_offsets);
     l.num_problems = static_cast<int>(simt.size());
+    l.tile = tile;
     l.total_tiles = *tiles;
-    // Four 256-thread blocks fit an SM alongside each other.
+    // Four 256-thread blocks of 64 x 64 tiles fit an SM alongside each
+    // other, two of 128 x 128 (their 8 x 8 accumulators a thread).
     l.grid = options.family == KernelFamily::kNonPersistent
                  ? l.total_tiles
-                 : std::min(*tiles, 4 * num_sms_);
+                 : std::min(*tiles, (tile == kSimtWideTile ? 2 : 4) * num_sms_);
     l.stream = stream;
     if (auto s = check(LaunchSimtGemm(l)); !s.ok()) return s;
     ++r.launches;
     r.simt_problems = static_cast<int>(simt.size());
+    r.simt_tile = tile;
   }
 
   // ---- cuBLAS problems ----------------------------------------------------------

@@ -99,6 +99,10 @@ struct GroupedGemmOptions {
   // cooperative consumers at the same width, but slower than the 128 x 256
   // tiles the launcher picks for every benchmark row, so nothing uses it.
   bool hopper_pingpong = false;
+  // Output tile side of the SIMT kernel: 0 picks (128 for float32 inputs
+  // when the launch has at least one 128 x 128 tile per SM, else 64), 64,
+  // or 128 (float32 inputs only).
+  int simt_tile = 0;
 };
 
 // What ran, for benchmarks and tests.
@@ -121,6 +125,8 @@ struct LaunchReport {
   // tiles were split.
   int hopper_split_k = 1;
   int hopper_split_tiles = 0;
+  // Output tile side of the SIMT launch (0 when it had no problems).
+  int simt_tile = 0;
   // Host microseconds of the Hopper launch, by phase, for benchmarks:
   // plan (from Run's start: checks, paths, workspace layout, the tile shape
   // and tile offsets), build (the batch written where the kernel reads it:

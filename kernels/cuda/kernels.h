@@ -150,13 +150,17 @@ cudaError_t HopperMaxActiveClusters(int* clusters);
 
 // ---- SIMT kernel (FFMA / DFMA; any alignment, any dtype) ---------------------
 
+// Output tile sides: kSimtTile for every dtype; kSimtWideTile, float32 only,
+// for launches with enough tiles of that size to fill the GPU.
 inline constexpr int kSimtTile = 64;
+inline constexpr int kSimtWideTile = 128;
 
 struct SimtLaunch {
   DType input = DType::kFloat32;
   DType output = DType::kFloat32;
+  int tile = kSimtTile;  // kSimtTile, or kSimtWideTile with float32 in and out.
   const DeviceGemmProblem* problems = nullptr;
-  const int32_t* tile_offsets = nullptr;  // In kSimtTile x kSimtTile tiles.
+  const int32_t* tile_offsets = nullptr;  // In tile x tile tiles.
   int num_problems = 0;
   int total_tiles = 0;
   int grid = 0;

@@ -4,6 +4,10 @@
 // engine for small problems and the fallback for what the Hopper kernel
 // cannot take. 64 x 64 output tiles, 256 threads of 4 x 4 outputs each, a
 // K-slab of 16 staged in shared memory (double-buffered through registers).
+// Float32 launches with enough work take 128 x 128 tiles instead, 8 x 8
+// outputs a thread read from shared memory as float4 (SimtWideGemm): with
+// 4 x 4, two shared loads feed each FMA pair and the kernel ran at about a
+// third of cuBLAS's SGEMM on an H100 (docs/BENCHMARKS.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -49,6 +53,18 @@ __device__ __forceinline__ void StoreOut(TOut* d, TAcc v) {
   else *d = static_cast<TOut>(v);
 }
 
+// Which problem holds global tile `tile` (tile_offsets: each problem's
+// first tile, ascending).
+__device__ __forceinline__ int ProblemOf(const SimtLaunch& l, int tile) {
+  int lo = 0, hi = l.num_problems - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (l.tile_offsets[mid] <= tile) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 template <typename TOut, typename TAcc>
 __device__ void Epilogue(const DeviceGemmProblem& p, const TAcc (&acc)[4][4], int64_t row0,
                          int64_t col0) {
@@ -78,14 +94,9 @@ __global__ void __launch_bounds__(kThreads) SimtGroupedGemm(SimtLaunch l) {
   __shared__ TAcc bs[2][kBK][kTile + 1];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   for (int tile = blockIdx.x; tile < l.total_tiles; tile += gridDim.x) {
-    int lo = 0, hi = l.num_problems - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (l.tile_offsets[mid] <= tile) lo = mid;
-      else hi = mid - 1;
-    }
-    const DeviceGemmProblem p = l.problems[lo];
-    const int local = tile - l.tile_offsets[lo];
+    const int problem = ProblemOf(l, tile);
+    const DeviceGemmProblem p = l.problems[problem];
+    const int local = tile - l.tile_offsets[problem];
     const int tiles_n = static_cast<int>((p.n + kTile - 1) / kTile);
     const int64_t row0 = static_cast<int64_t>(local / tiles_n) * kTile;
     const int64_t col0 = static_cast<int64_t>(local % tiles_n) * kTile;
@@ -161,10 +172,165 @@ __global__ void __launch_bounds__(kThreads) SimtGroupedGemm(SimtLaunch l) {
   }
 }
 
+// Float32 inputs, 128 x 128 tiles, a K-slab of 8, 256 threads of 8 x 8
+// outputs. Loads stay element by element with bounds checks (any
+// alignment, leading dimension and transpose, as in SimtGroupedGemm), one
+// slab ahead in registers; each thread's rows and columns are two float4s
+// of a slab row, so 4 shared loads feed 64 FMAs.
+constexpr int kWide = kSimtWideTile;  // 128
+constexpr int kWideBK = 8;
+constexpr int kWidePad = 4;  // Keeps float4 alignment; spreads the stash's stores over the banks.
+using WideSlab = float[kWideBK][kWide + kWidePad];
+
+// One operand's share of a slab: 128 rows (A) or columns (B) by 8 k. Each
+// thread moves 4 elements, consecutive threads along the operand's
+// contiguous dimension: along k (kAlongK: A as given, B transposed) 8
+// threads cover a row's 8 k and 32 rows follow; otherwise 128 threads
+// cover the 128 rows and 2 k follow.
+template <bool kAlongK>
+struct WideOperand {
+  const float* base;  // Element (0, 0) of the tile: its first row (or column) at k = 0.
+  int64_t ld;
+  int rows;  // Rows (or columns) of the tile inside the matrix (dimensions fit an int).
+  int k;
+
+  __device__ static int Row(int e) {
+    return kAlongK ? static_cast<int>(threadIdx.x) / kWideBK + 32 * e
+                   : static_cast<int>(threadIdx.x) % kWide;
+  }
+  __device__ static int Kk(int e) {
+    return kAlongK ? static_cast<int>(threadIdx.x) % kWideBK
+                   : static_cast<int>(threadIdx.x) / kWide + 2 * e;
+  }
+  __device__ void Fetch(float (&r)[4], int k0) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = Row(e), kk = k0 + Kk(e);
+      r[e] = row < rows && kk < k ? base[kAlongK ? row * ld + kk : kk * ld + row] : 0.0f;
+    }
+  }
+  __device__ static void Stash(WideSlab& slab, const float (&r)[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) slab[Kk(e)][Row(e)] = r[e];
+  }
+};
+
+// Row (or column) of output `i` of a thread at `t` (0-15) in a wide tile:
+// two groups of four, 64 apart, so that each group is one float4 in shared
+// memory.
+__device__ __forceinline__ int WideIndex(int t, int i) { return (i >> 2) * 64 + t * 4 + (i & 3); }
+
+// Float32 inputs give float32 outputs only (IsSupportedOutput).
+__device__ void WideEpilogue(const DeviceGemmProblem& p, const float (&acc)[8][8], int64_t row0,
+                             int64_t col0) {
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const float alpha = static_cast<float>(p.alpha);
+  const float beta = static_cast<float>(p.beta);
+  float* d = static_cast<float*>(p.d);
+  const float* c = static_cast<const float*>(p.c);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t row = row0 + WideIndex(ty, i);
+    if (row >= p.m) continue;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t col = col0 + WideIndex(tx, j);
+      if (col >= p.n) continue;
+      float v = alpha * acc[i][j];
+      if (p.beta != 0.0) v += beta * c[row * p.ldc + col];
+      d[row * p.ldd + col] = v;
+    }
+  }
+}
+
+// One 128 x 128 tile with A and B laid out as the template says.
+template <bool kAAlongK, bool kBAlongK>
+__device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row0,
+                                         int64_t col0, WideSlab (&as)[2], WideSlab (&bs)[2]) {
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const float* a = static_cast<const float*>(p.a);
+  const float* b = static_cast<const float*>(p.b);
+  const WideOperand<kAAlongK> wa{a + (kAAlongK ? row0 * p.lda : row0), p.lda,
+                                 static_cast<int>(p.m - row0), static_cast<int>(p.k)};
+  const WideOperand<kBAlongK> wb{b + (kBAlongK ? col0 * p.ldb : col0), p.ldb,
+                                 static_cast<int>(p.n - col0), static_cast<int>(p.k)};
+
+  float acc[8][8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+  float ra[4], rb[4];
+  const int kblocks = static_cast<int>((p.k + kWideBK - 1) / kWideBK);
+  wa.Fetch(ra, 0);
+  wb.Fetch(rb, 0);
+  WideOperand<kAAlongK>::Stash(as[0], ra);
+  WideOperand<kBAlongK>::Stash(bs[0], rb);
+  __syncthreads();
+  for (int kb = 0; kb < kblocks; ++kb) {
+    const int buf = kb & 1;
+    if (kb + 1 < kblocks) {
+      wa.Fetch(ra, (kb + 1) * kWideBK);
+      wb.Fetch(rb, (kb + 1) * kWideBK);
+    }
+#pragma unroll
+    for (int l2 = 0; l2 < kWideBK; ++l2) {
+      float x[8], y[8];
+      *reinterpret_cast<float4*>(&x[0]) = *reinterpret_cast<const float4*>(&as[buf][l2][ty * 4]);
+      *reinterpret_cast<float4*>(&x[4]) =
+          *reinterpret_cast<const float4*>(&as[buf][l2][64 + ty * 4]);
+      *reinterpret_cast<float4*>(&y[0]) = *reinterpret_cast<const float4*>(&bs[buf][l2][tx * 4]);
+      *reinterpret_cast<float4*>(&y[4]) =
+          *reinterpret_cast<const float4*>(&bs[buf][l2][64 + tx * 4]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(x[i], y[j], acc[i][j]);
+    }
+    if (kb + 1 < kblocks) {
+      WideOperand<kAAlongK>::Stash(as[buf ^ 1], ra);
+      WideOperand<kBAlongK>::Stash(bs[buf ^ 1], rb);
+    }
+    __syncthreads();
+  }
+
+  WideEpilogue(p, acc, row0, col0);
+  // The next tile's first stash follows this tile's last reads through
+  // the loop's final __syncthreads.
+}
+
+__global__ void __launch_bounds__(kThreads, 2) SimtWideGemm(SimtLaunch l) {
+  __shared__ __align__(16) WideSlab as[2];
+  __shared__ __align__(16) WideSlab bs[2];
+  for (int tile = blockIdx.x; tile < l.total_tiles; tile += gridDim.x) {
+    const int problem = ProblemOf(l, tile);
+    const DeviceGemmProblem& p = l.problems[problem];
+    const int local = tile - l.tile_offsets[problem];
+    const int tiles_n = static_cast<int>((p.n + kWide - 1) / kWide);
+    const int64_t row0 = static_cast<int64_t>(local / tiles_n) * kWide;
+    const int64_t col0 = static_cast<int64_t>(local % tiles_n) * kWide;
+    // A is read along k unless transposed, B only when transposed.
+    if (!p.transpose_a) {
+      if (p.transpose_b) WideTile<true, true>(p, row0, col0, as, bs);
+      else WideTile<true, false>(p, row0, col0, as, bs);
+    } else {
+      if (p.transpose_b) WideTile<false, true>(p, row0, col0, as, bs);
+      else WideTile<false, false>(p, row0, col0, as, bs);
+    }
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchSimtGemm(const SimtLaunch& l) {
   if (l.total_tiles == 0) return cudaSuccess;
+  if (l.tile == kSimtWideTile) {
+    if (l.input != DType::kFloat32 || l.output != DType::kFloat32) return cudaErrorInvalidValue;
+    SimtWideGemm<<<l.grid, kThreads, 0, l.stream>>>(l);
+    return cudaGetLastError();
+  }
+  if (l.tile != kSimtTile) return cudaErrorInvalidValue;
   switch (l.input) {
     case DType::kFloat32:
       SimtGroupedGemm<float, float><<<l.grid, kThreads, 0, l.stream>>>(l);

@@ -55,6 +55,8 @@ class GroupedGemmTest : public ::testing::Test {
     o.hopper_split_k = split_k_;
     o.hopper_edge_tiles = edge_tiles_;
     o.hopper_pingpong = pingpong_;
+    o.simt_tile = simt_tile_;
+    o.cublas_min_flops = cublas_min_flops_;
     LaunchReport report;
     Run(batch, o, &report);
     const double bound = ErrorBound(in, out, precision);
@@ -96,6 +98,11 @@ class GroupedGemmTest : public ::testing::Test {
   bool edge_tiles_ = GroupedGemmOptions().hopper_edge_tiles;
   // GroupedGemmOptions::hopper_pingpong for RunAndCheck.
   bool pingpong_ = false;
+  // GroupedGemmOptions::simt_tile for RunAndCheck (0: the launcher's choice).
+  int simt_tile_ = 0;
+  // GroupedGemmOptions::cublas_min_flops for RunAndCheck (0: exact float32
+  // of any size stays on the SIMT kernel).
+  double cublas_min_flops_ = GroupedGemmOptions().cublas_min_flops;
   std::unique_ptr<GroupedGemmLauncher> launcher_;
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;
@@ -752,6 +759,68 @@ TEST_F(GroupedGemmTest, PingPongConsumers) {
     EXPECT_NE(s.message().find("hopper_pingpong"), std::string::npos) << s;
   }
   pingpong_ = false;
+}
+
+// The SIMT kernel's 128 x 128 tiles (exact float32): odd shapes inside and
+// across tile edges, every layout, rows off 16 bytes, alpha and beta, and
+// more tiles than blocks; then the launcher's choice of tile, and what it
+// refuses.
+TEST_F(GroupedGemmTest, SimtWideTiles) {
+  cublas_min_flops_ = 0;
+  simt_tile_ = kSimtWideTile;
+  {
+    const DType out = DType::kFloat32;
+    std::vector<HostProblem> batch;
+    int i = 0;
+    for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{
+             {1, 1, 1}, {1, 4097, 3}, {333, 1, 777}, {128, 128, 8}, {129, 257, 9},
+             {127, 130, 1000}, {520, 384, 33}}) {
+      for (int v = 0; v < 4; ++v, ++i) {
+        batch.push_back(MakeHostProblem(m, n, k, DType::kFloat32, out, rng_, v & 1, v & 2,
+                                        i % 2 ? 1.25 : 1.0, i % 3 == 0 ? 0.5 : 0.0, i % 5 == 1,
+                                        i % 7 == 2 ? 3 : 0));
+      }
+    }
+    const LaunchReport report =
+        RunAndCheck(batch, DType::kFloat32, out, Precision::kDefault, KernelFamily::kPersistent, 0,
+                    "SIMT 128x128");
+    EXPECT_EQ(report.simt_problems, static_cast<int>(batch.size()));
+    EXPECT_EQ(report.simt_tile, kSimtWideTile);
+  }
+  // 1,024 tiles: blocks take several tiles each (persistent) or one.
+  for (KernelFamily f : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
+    RunAndCheck({MakeHostProblem(4096, 4096, 24, DType::kFloat32, DType::kFloat32, rng_)},
+                DType::kFloat32, DType::kFloat32, Precision::kDefault, f, 4096, "SIMT 4096x4096x24");
+  }
+
+  // Chosen: 128 where there are as many such tiles as SMs, else 64.
+  simt_tile_ = 0;
+  LaunchReport report =
+      RunAndCheck({MakeHostProblem(4096, 4096, 24, DType::kFloat32, DType::kFloat32, rng_)},
+                  DType::kFloat32, DType::kFloat32, Precision::kDefault,
+                  KernelFamily::kPersistent, 4096, "SIMT, chosen tile, large");
+  EXPECT_EQ(report.simt_tile, kSimtWideTile);
+  report = RunAndCheck({MakeHostProblem(200, 100, 50, DType::kFloat32, DType::kFloat32, rng_)},
+                       DType::kFloat32, DType::kFloat32, Precision::kDefault,
+                       KernelFamily::kPersistent, 0, "SIMT, chosen tile, small");
+  EXPECT_EQ(report.simt_tile, kSimtTile);
+  report = RunAndCheck({MakeHostProblem(300, 300, 30, DType::kFloat64, DType::kFloat64, rng_)},
+                       DType::kFloat64, DType::kFloat64);
+  EXPECT_EQ(report.simt_tile, kSimtTile);
+
+  // Refused: other sides, and 128 for other inputs.
+  for (int which = 0; which < 3; ++which) {
+    const DType in = which == 2 ? DType::kFloat64 : DType::kBFloat16;
+    DeviceBatch device({MakeHostProblem(64, 64, 64, in, in, rng_)}, in, in);
+    GroupedGemmOptions o;
+    o.simt_tile = which == 0 ? 32 : kSimtWideTile;
+    o.input = o.output = in;
+    const absl::Status s =
+        launcher_->Run(device.problems(), o, workspace_, workspace_bytes_, stream_);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << which << ": " << s;
+    EXPECT_NE(s.message().find("simt_tile"), std::string::npos) << s;
+  }
+  cublas_min_flops_ = GroupedGemmOptions().cublas_min_flops;
 }
 
 // The ping-pong consumers' turns on a batch small enough for compute-sanitizer
