@@ -11,6 +11,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "kernels/cuda/kernels.h"
 
 namespace matmul::cuda {
@@ -172,46 +175,50 @@ __global__ void __launch_bounds__(kThreads) SimtGroupedGemm(SimtLaunch l) {
   }
 }
 
-// Float32 inputs, 128 x 128 tiles, a K-slab of 8, 256 threads of 8 x 8
+// Float32 inputs, 128 x 128 tiles, a K-slab of 16, 256 threads of 8 x 8
 // outputs. Loads stay element by element with bounds checks (any
 // alignment, leading dimension and transpose, as in SimtGroupedGemm), one
-// slab ahead in registers; each thread's rows and columns are two float4s
-// of a slab row, so 4 shared loads feed 64 FMAs.
+// slab of 16 k ahead in registers; each thread's rows and columns are two
+// float4s of a slab row, so 4 shared loads feed 64 FMAs.
+// (The slab depth kBK and the blocks an SM, kMinBlocks, are template
+// parameters so that a diagnostic build can time other choices: see
+// LaunchSimtGemm.)
 constexpr int kWide = kSimtWideTile;  // 128
-constexpr int kWideBK = 8;
 constexpr int kWidePad = 4;  // Keeps float4 alignment; spreads the stash's stores over the banks.
-using WideSlab = float[kWideBK][kWide + kWidePad];
+template <int kBK>
+using WideSlab = float[kBK][kWide + kWidePad];
 
-// One operand's share of a slab: 128 rows (A) or columns (B) by 8 k. Each
-// thread moves 4 elements, consecutive threads along the operand's
-// contiguous dimension: along k (kAlongK: A as given, B transposed) 8
-// threads cover a row's 8 k and 32 rows follow; otherwise 128 threads
-// cover the 128 rows and 2 k follow.
-template <bool kAlongK>
+// One operand's share of a slab: 128 rows (A) or columns (B) by kBK k.
+// Each thread moves kElems elements, consecutive threads along the
+// operand's contiguous dimension: along k (kAlongK: A as given, B
+// transposed) kBK threads cover a row's k and 256 / kBK rows follow;
+// otherwise 128 threads cover the 128 rows and 2 k follow.
+template <bool kAlongK, int kBK>
 struct WideOperand {
+  static constexpr int kElems = kWide * kBK / kThreads;
   const float* base;  // Element (0, 0) of the tile: its first row (or column) at k = 0.
   int64_t ld;
   int rows;  // Rows (or columns) of the tile inside the matrix (dimensions fit an int).
   int k;
 
   __device__ static int Row(int e) {
-    return kAlongK ? static_cast<int>(threadIdx.x) / kWideBK + 32 * e
+    return kAlongK ? static_cast<int>(threadIdx.x) / kBK + (kThreads / kBK) * e
                    : static_cast<int>(threadIdx.x) % kWide;
   }
   __device__ static int Kk(int e) {
-    return kAlongK ? static_cast<int>(threadIdx.x) % kWideBK
+    return kAlongK ? static_cast<int>(threadIdx.x) % kBK
                    : static_cast<int>(threadIdx.x) / kWide + 2 * e;
   }
-  __device__ void Fetch(float (&r)[4], int k0) const {
+  __device__ void Fetch(float (&r)[kElems], int k0) const {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
+    for (int e = 0; e < kElems; ++e) {
       const int row = Row(e), kk = k0 + Kk(e);
       r[e] = row < rows && kk < k ? base[kAlongK ? row * ld + kk : kk * ld + row] : 0.0f;
     }
   }
-  __device__ static void Stash(WideSlab& slab, const float (&r)[4]) {
+  __device__ static void Stash(WideSlab<kBK>& slab, const float (&r)[kElems]) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) slab[Kk(e)][Row(e)] = r[e];
+    for (int e = 0; e < kElems; ++e) slab[Kk(e)][Row(e)] = r[e];
   }
 };
 
@@ -244,16 +251,18 @@ __device__ void WideEpilogue(const DeviceGemmProblem& p, const float (&acc)[8][8
 }
 
 // One 128 x 128 tile with A and B laid out as the template says.
-template <bool kAAlongK, bool kBAlongK>
-__device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row0,
-                                         int64_t col0, WideSlab (&as)[2], WideSlab (&bs)[2]) {
+template <int kBK, bool kAAlongK, bool kBAlongK>
+__device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row0, int64_t col0,
+                                         WideSlab<kBK> (&as)[2], WideSlab<kBK> (&bs)[2]) {
+  using OperandA = WideOperand<kAAlongK, kBK>;
+  using OperandB = WideOperand<kBAlongK, kBK>;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const float* a = static_cast<const float*>(p.a);
   const float* b = static_cast<const float*>(p.b);
-  const WideOperand<kAAlongK> wa{a + (kAAlongK ? row0 * p.lda : row0), p.lda,
-                                 static_cast<int>(p.m - row0), static_cast<int>(p.k)};
-  const WideOperand<kBAlongK> wb{b + (kBAlongK ? col0 * p.ldb : col0), p.ldb,
-                                 static_cast<int>(p.n - col0), static_cast<int>(p.k)};
+  const OperandA wa{a + (kAAlongK ? row0 * p.lda : row0), p.lda, static_cast<int>(p.m - row0),
+                    static_cast<int>(p.k)};
+  const OperandB wb{b + (kBAlongK ? col0 * p.ldb : col0), p.ldb, static_cast<int>(p.n - col0),
+                    static_cast<int>(p.k)};
 
   float acc[8][8];
 #pragma unroll
@@ -261,21 +270,21 @@ __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
 
-  float ra[4], rb[4];
-  const int kblocks = static_cast<int>((p.k + kWideBK - 1) / kWideBK);
+  float ra[OperandA::kElems], rb[OperandB::kElems];
+  const int kblocks = static_cast<int>((p.k + kBK - 1) / kBK);
   wa.Fetch(ra, 0);
   wb.Fetch(rb, 0);
-  WideOperand<kAAlongK>::Stash(as[0], ra);
-  WideOperand<kBAlongK>::Stash(bs[0], rb);
+  OperandA::Stash(as[0], ra);
+  OperandB::Stash(bs[0], rb);
   __syncthreads();
   for (int kb = 0; kb < kblocks; ++kb) {
     const int buf = kb & 1;
     if (kb + 1 < kblocks) {
-      wa.Fetch(ra, (kb + 1) * kWideBK);
-      wb.Fetch(rb, (kb + 1) * kWideBK);
+      wa.Fetch(ra, (kb + 1) * kBK);
+      wb.Fetch(rb, (kb + 1) * kBK);
     }
 #pragma unroll
-    for (int l2 = 0; l2 < kWideBK; ++l2) {
+    for (int l2 = 0; l2 < kBK; ++l2) {
       float x[8], y[8];
       *reinterpret_cast<float4*>(&x[0]) = *reinterpret_cast<const float4*>(&as[buf][l2][ty * 4]);
       *reinterpret_cast<float4*>(&x[4]) =
@@ -289,8 +298,8 @@ __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row
         for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(x[i], y[j], acc[i][j]);
     }
     if (kb + 1 < kblocks) {
-      WideOperand<kAAlongK>::Stash(as[buf ^ 1], ra);
-      WideOperand<kBAlongK>::Stash(bs[buf ^ 1], rb);
+      OperandA::Stash(as[buf ^ 1], ra);
+      OperandB::Stash(bs[buf ^ 1], rb);
     }
     __syncthreads();
   }
@@ -300,9 +309,10 @@ __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row
   // the loop's final __syncthreads.
 }
 
-__global__ void __launch_bounds__(kThreads, 2) SimtWideGemm(SimtLaunch l) {
-  __shared__ __align__(16) WideSlab as[2];
-  __shared__ __align__(16) WideSlab bs[2];
+template <int kBK, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) SimtWideGemm(SimtLaunch l) {
+  __shared__ __align__(16) WideSlab<kBK> as[2];
+  __shared__ __align__(16) WideSlab<kBK> bs[2];
   for (int tile = blockIdx.x; tile < l.total_tiles; tile += gridDim.x) {
     const int problem = ProblemOf(l, tile);
     const DeviceGemmProblem& p = l.problems[problem];
@@ -312,11 +322,11 @@ __global__ void __launch_bounds__(kThreads, 2) SimtWideGemm(SimtLaunch l) {
     const int64_t col0 = static_cast<int64_t>(local % tiles_n) * kWide;
     // A is read along k unless transposed, B only when transposed.
     if (!p.transpose_a) {
-      if (p.transpose_b) WideTile<true, true>(p, row0, col0, as, bs);
-      else WideTile<true, false>(p, row0, col0, as, bs);
+      if (p.transpose_b) WideTile<kBK, true, true>(p, row0, col0, as, bs);
+      else WideTile<kBK, true, false>(p, row0, col0, as, bs);
     } else {
-      if (p.transpose_b) WideTile<false, true>(p, row0, col0, as, bs);
-      else WideTile<false, false>(p, row0, col0, as, bs);
+      if (p.transpose_b) WideTile<kBK, false, true>(p, row0, col0, as, bs);
+      else WideTile<kBK, false, false>(p, row0, col0, as, bs);
     }
   }
 }
@@ -327,7 +337,21 @@ cudaError_t LaunchSimtGemm(const SimtLaunch& l) {
   if (l.total_tiles == 0) return cudaSuccess;
   if (l.tile == kSimtWideTile) {
     if (l.input != DType::kFloat32 || l.output != DType::kFloat32) return cudaErrorInvalidValue;
-    SimtWideGemm<<<l.grid, kThreads, 0, l.stream>>>(l);
+#ifdef MATMUL_HOPPER_DIAG
+    // gemm-bench-diag only: MATMUL_SIMT_WIDE=BK,BLOCKS (8,2 / 16,1)
+    // times another slab depth or register budget against the shipped 16,2.
+    if (const char* v = std::getenv("MATMUL_SIMT_WIDE"); v != nullptr) {
+      const std::string variant(v);
+      if (variant == "8,2") SimtWideGemm<8, 2><<<l.grid, kThreads, 0, l.stream>>>(l);
+      else if (variant == "16,1") SimtWideGemm<16, 1><<<l.grid, kThreads, 0, l.stream>>>(l);
+      else return cudaErrorInvalidValue;
+      return cudaGetLastError();
+    }
+#endif
+    // A slab of 16 with two blocks an SM: measured on an H100 against 8,2
+    // (0.63x cuBLAS at 4096^3), 16,1 (0.58x) and 8,1 (0.45x), 0.70x
+    // (docs/BENCHMARKS.md, thirteenth round).
+    SimtWideGemm<16, 2><<<l.grid, kThreads, 0, l.stream>>>(l);
     return cudaGetLastError();
   }
   if (l.tile != kSimtTile) return cudaErrorInvalidValue;
