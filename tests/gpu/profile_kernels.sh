@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Profiles the Hopper kernel against cuBLAS with Nsight Compute on a machine
+# Profiles our kernels against cuBLAS with Nsight Compute on a machine
 # with an NVIDIA GPU: one launch each of ours and of cuBLAS's kernel for the
 # problems named, with the sections that say where a GEMM's time goes
 # (speed of light, memory workload, warp stalls, scheduler). Clocks are left
@@ -9,7 +9,9 @@
 #
 # SIZE: a gemm-bench single-problem label (4096^3) or grouped batch count
 # (1024); default 4096^3 and 1024. Reports go to OUT_DIR/ncu_*.txt; a short
-# table of the headline metrics is printed last.
+# table of the headline metrics is printed last. DTYPE (default bfloat16)
+# picks the single problems' dtype; DTYPE=float32 profiles the exact-float32
+# SIMT kernel (SimtWideGemm for large problems) against cuBLAS's SGEMM.
 set -uo pipefail
 bin=$1 out=$2
 shift 2
@@ -21,18 +23,22 @@ ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
 [[ -n $ncu ]] || { echo "profile_kernels: ncu not found" >&2; exit 1; }
 sections=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats
           --section SchedulerStats --section LaunchStats)
+dtype=${DTYPE:-bfloat16}
+ours='regex:HopperGroupedGemm'
+[[ $dtype == float32 ]] && ours='regex:Simt(Wide|Grouped)Gemm'
+[[ $dtype == float32 ]] && sections+=(--section ComputeWorkloadAnalysis --section InstructionStats)
 for size in "${sizes[@]}"; do
   tag=${size//^/p}
   if [[ $size == *^* || $size == *x* ]]; then
-    args=(--only=single --dtype=bfloat16 --size="$size")
+    args=(--only=single --dtype="$dtype" --size="$size")
   else
     args=(--only=grouped --size="$size" --quick)
   fi
   # Ours: the third launch (after warm-up).
-  timeout 240 "$ncu" --clock-control none -k regex:HopperGroupedGemm --launch-skip 3 --launch-count 1 \
+  timeout 240 "$ncu" --clock-control none -k "$ours" --launch-skip 3 --launch-count 1 \
     "${sections[@]}" "$bin/gemm-bench" "${args[@]}" --json=/dev/null >"$out/ncu_ours_$tag.txt" 2>&1
   # cuBLAS's kernel for the same problem (its names vary by version).
-  timeout 240 "$ncu" --clock-control none -k 'regex:^(?!.*HopperGroupedGemm)(.*(gemm|nvjet|sm90|cutlass).*)' \
+  timeout 240 "$ncu" --clock-control none -k 'regex:^(?!.*(HopperGroupedGemm|Simt))(.*(gemm|nvjet|sm90|cutlass).*)' \
     --launch-skip 3 --launch-count 1 \
     "${sections[@]}" "$bin/gemm-bench" "${args[@]}" --json=/dev/null >"$out/ncu_cublas_$tag.txt" 2>&1
 done
