@@ -924,8 +924,7 @@ __device__ void Load(const Params& p, const Smem<BN>& sm) {
   int current = -1;  // Problem whose maps this thread has acquired.
   const CUtensorMap* map_a = nullptr;
   const CUtensorMap* map_b = nullptr;
-  int n = 0;  // TileInfos taken.
-  for (;; ++n) {
+  for (int n = 0;; ++n) {
     const int slot = n % kInfoSlots;
     MATMUL_TRACE(unsigned long long tr[kTraceStamps] = {}; tr[0] = GlobalNs(); tr[1] = clock64();)
     MbarWait(&sm.info_full[slot], (n / kInfoSlots) & 1);
@@ -1115,6 +1114,20 @@ __device__ __forceinline__ void StoreRows(const Params& p, const TileInfo& ti,
   }
 }
 
+// Makes tile `ti`'s D map (map_d) visible to this warpgroup's TMA stores:
+// its first thread acquires the map once per problem (`acquired_d`: the
+// problem it last acquired) where the tile stores by TMA through a map
+// built in global memory, by a map builder or a scheduler (this CTA's or
+// another's) and seen through the map flag before the tile was handed over.
+__device__ __forceinline__ void AcquireStoreMap(const Params& p, const TileInfo& ti,
+                                                const CUtensorMap* map_d, int& acquired_d) {
+  if ((ti.flags & kInfoTmaStore) && (threadIdx.x & 127) == 0 && acquired_d != ti.problem &&
+      !Inline(p) && !Diag(p, kDiagNoAcquire)) {
+    AcquireMap(map_d);
+    acquired_d = ti.problem;
+  }
+}
+
 // Gives stage `s` back to the loader: this CTA's and, with clusters, the
 // peer's (whose multicast writes into this CTA's stage too). Called by the
 // whole warp once its reads of the stage (its MMAs, and at a tile's first
@@ -1126,6 +1139,31 @@ __device__ __forceinline__ void Release(uint64_t* empty, int s) {
   if ((threadIdx.x & 31) == 0) {
     MbarArrive(&empty[s]);
     if constexpr (kCluster > 1) MbarArriveCluster(&empty[s], ClusterRank() ^ 1);
+  }
+}
+
+// The wgmma descriptors of k-step `j` of a stage: A's 64-row box `box`
+// (sa: the stage's A tile; kAmn: A stored m-major, i.e. transposed) and B's
+// (sb: the stage's B tile; kBmn: B stored n-major). MainLoop's warpgroup
+// reads box `wg`, a ping-pong warpgroup both.
+template <typename T, int kAmn>
+__device__ __forceinline__ uint64_t DescA(uint32_t sa, int box, int j) {
+  constexpr int BK = Elem<T>::kBK;
+  if constexpr (kAmn) {
+    // A box holds 64 rows; a k-step is 16 rows of 128 B.
+    return Desc(sa + box * BK * kRowBytes + j * 16 * kRowBytes, BK * kRowBytes, 1024);
+  } else {
+    // 64 rows of 128 B per box; a k-step is 32 bytes along the row.
+    return Desc(sa + box * 64 * kRowBytes + j * 32, 16, 1024);
+  }
+}
+template <typename T, int kBmn>
+__device__ __forceinline__ uint64_t DescB(uint32_t sb, int j) {
+  constexpr int BK = Elem<T>::kBK;
+  if constexpr (kBmn) {
+    return Desc(sb + j * 16 * kRowBytes, BK * kRowBytes, 1024);
+  } else {
+    return Desc(sb + j * 32, 16, 1024);
   }
 }
 
@@ -1151,19 +1189,8 @@ __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, 
     WgmmaFence();
 #pragma unroll
     for (int j = 0; j < kSteps; ++j) {
-      uint64_t da, db;
-      if constexpr (kAmn) {
-        // Box `wg` holds this warpgroup's 64 rows; a k-step is 16 rows of 128 B.
-        da = Desc(sa + wg * BK * kRowBytes + j * 16 * kRowBytes, BK * kRowBytes, 1024);
-      } else {
-        // 64 rows of 128 B per warpgroup; a k-step is 32 bytes along the row.
-        da = Desc(sa + wg * 64 * kRowBytes + j * 32, 16, 1024);
-      }
-      if constexpr (kBmn) {
-        db = Desc(sb + j * 16 * kRowBytes, BK * kRowBytes, 1024);
-      } else {
-        db = Desc(sb + j * 32, 16, 1024);
-      }
+      const uint64_t da = DescA<T, kAmn>(sa, wg, j);
+      const uint64_t db = DescB<T, kBmn>(sb, j);
       if (!no_mma) Mma<T, kN, kAmn, kBmn>(part, da, db);
     }
     WgmmaCommit();
@@ -1332,14 +1359,11 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
                    }
                  };)
     const int kblocks = ti.kblocks;
-    if ((Diag(p, kDiagEarlyAcquireD) || Diag(p, kDiagPrefetchD)) && (ti.flags & kInfoTmaStore) &&
-        (threadIdx.x & 127) == 0 && acquired_d != ti.problem && !Inline(p)) {
-      if (Diag(p, kDiagEarlyAcquireD)) {
-        AcquireMap(Map(p, ti.problem, 2));
-        acquired_d = ti.problem;
-      } else {
-        PrefetchMap(Map(p, ti.problem, 2));
-      }
+    if (Diag(p, kDiagEarlyAcquireD)) {
+      AcquireStoreMap(p, ti, Map(p, ti.problem, 2), acquired_d);
+    } else if (Diag(p, kDiagPrefetchD) && (ti.flags & kInfoTmaStore) &&
+               (threadIdx.x & 127) == 0 && acquired_d != ti.problem && !Inline(p)) {
+      PrefetchMap(Map(p, ti.problem, 2));
     }
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
@@ -1382,13 +1406,7 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
       continue;
     }
     const CUtensorMap* map_d = Map(p, ti.problem, 2);
-    if ((ti.flags & kInfoTmaStore) && (threadIdx.x & 127) == 0 && acquired_d != ti.problem &&
-        !Inline(p) && !Diag(p, kDiagNoAcquire)) {
-      // Built by a map builder or a scheduler (this CTA's or another's)
-      // and seen through the map flag before the tile was handed over.
-      AcquireMap(map_d);
-      acquired_d = ti.problem;
-    }
+    AcquireStoreMap(p, ti, map_d, acquired_d);
     StoreRows<BN>(p, ti, map_d, acc, ti.m0 + wg * 64, BN >> shift, store_buffers, wg, stores);
     MATMUL_TRACE(tr[5] = clock64(); record();)
   }
@@ -1431,20 +1449,10 @@ __device__ __forceinline__ void MainLoopPing(float (&acc)[BN], uint8_t* stages, 
     WgmmaFence();
 #pragma unroll
     for (int j = 0; j < kSteps; ++j) {
-      uint64_t db;
-      if constexpr (kBmn) {
-        db = Desc(sb + j * 16 * kRowBytes, BK * kRowBytes, 1024);
-      } else {
-        db = Desc(sb + j * 32, 16, 1024);
-      }
+      const uint64_t db = DescB<T, kBmn>(sb, j);
 #pragma unroll
       for (int h = 0; h < kHalves; ++h) {
-        uint64_t da;
-        if constexpr (kAmn) {
-          da = Desc(sa + h * BK * kRowBytes + j * 16 * kRowBytes, BK * kRowBytes, 1024);
-        } else {
-          da = Desc(sa + h * 64 * kRowBytes + j * 32, 16, 1024);
-        }
+        const uint64_t da = DescA<T, kAmn>(sa, h, j);
         if (!no_mma) {
           if (h == 0) {
             Mma<T, kN, kAmn, kBmn>(part0, da, db);
@@ -1565,11 +1573,7 @@ __device__ void ConsumePing(const Params& p, const Smem<BN>& sm) {
     if (Diag(p, kDiagNoStores)) continue;
     const int width = BN >> shift;
     const CUtensorMap* map_d = Map(p, ti.problem, 2);
-    if ((ti.flags & kInfoTmaStore) && (threadIdx.x & 127) == 0 && acquired_d != ti.problem &&
-        !Inline(p)) {
-      AcquireMap(map_d);  // As in Consume.
-      acquired_d = ti.problem;
-    }
+    AcquireStoreMap(p, ti, map_d, acquired_d);
     // Each half at a constant offset: a loop over the halves (even
     // unrolled, with its early exit) put acc in local memory, 512 bytes of
     // stack, and every MMA went through it.
@@ -1597,7 +1601,7 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
     for (int s = 0; s < L::kStages; ++s) {
       MbarInit(&sm.full[s], 1);
       // Every consumer warp of every CTA sharing the stage.
-      // (Ping-pong: the four warps of the stage's ring's warpgroup.)
+      // (Ping-pong: the four warps of the warpgroup whose tile it holds.)
       MbarInit(&sm.empty[s], kPing ? kConsumerWarps / 2 : kConsumerWarps * kCluster);
     }
     for (int i = 0; i < kInfoSlots; ++i) {
