@@ -68,21 +68,37 @@ __device__ __forceinline__ int ProblemOf(const SimtLaunch& l, int tile) {
   return lo;
 }
 
-template <typename TOut, typename TAcc>
-__device__ void Epilogue(const DeviceGemmProblem& p, const TAcc (&acc)[4][4], int64_t row0,
-                         int64_t col0) {
+// Row (or column) of a thread's output `i`, the thread at `t` (0-15) of its
+// 16 x 16 grid: 4 x 4 outputs a thread (64 x 64 tiles) lie 16 apart; 8 x 8
+// (SimtWideGemm's 128 x 128 tiles) lie in two groups of four, 64 apart, so
+// that each group is one float4 in shared memory.
+template <int kPerThread>
+__device__ __forceinline__ int OutputIndex(int t, int i) {
+  if constexpr (kPerThread == 4) {
+    return t + 16 * i;
+  } else {
+    static_assert(kPerThread == 8, "4 x 4 or 8 x 8 outputs a thread");
+    return (i >> 2) * 64 + t * 4 + (i & 3);
+  }
+}
+
+// D = alpha acc + beta C for a thread's kPerThread x kPerThread outputs of
+// the tile at (row0, col0).
+template <typename TOut, typename TAcc, int kPerThread>
+__device__ void Epilogue(const DeviceGemmProblem& p, const TAcc (&acc)[kPerThread][kPerThread],
+                         int64_t row0, int64_t col0) {
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   const TAcc alpha = static_cast<TAcc>(p.alpha);
   const TAcc beta = static_cast<TAcc>(p.beta);
   TOut* d = static_cast<TOut*>(p.d);
   const TOut* c = static_cast<const TOut*>(p.c);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t row = row0 + ty + 16 * i;
+  for (int i = 0; i < kPerThread; ++i) {
+    const int64_t row = row0 + OutputIndex<kPerThread>(ty, i);
     if (row >= p.m) continue;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t col = col0 + tx + 16 * j;
+    for (int j = 0; j < kPerThread; ++j) {
+      const int64_t col = col0 + OutputIndex<kPerThread>(tx, j);
       if (col >= p.n) continue;
       TAcc v = alpha * acc[i][j];
       if (p.beta != 0.0) v += beta * LoadOut<TOut, TAcc>(c + row * p.ldc + col);
@@ -222,34 +238,6 @@ struct WideOperand {
   }
 };
 
-// Row (or column) of output `i` of a thread at `t` (0-15) in a wide tile:
-// two groups of four, 64 apart, so that each group is one float4 in shared
-// memory.
-__device__ __forceinline__ int WideIndex(int t, int i) { return (i >> 2) * 64 + t * 4 + (i & 3); }
-
-// Float32 inputs give float32 outputs only (IsSupportedOutput).
-__device__ void WideEpilogue(const DeviceGemmProblem& p, const float (&acc)[8][8], int64_t row0,
-                             int64_t col0) {
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const float alpha = static_cast<float>(p.alpha);
-  const float beta = static_cast<float>(p.beta);
-  float* d = static_cast<float*>(p.d);
-  const float* c = static_cast<const float*>(p.c);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int64_t row = row0 + WideIndex(ty, i);
-    if (row >= p.m) continue;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int64_t col = col0 + WideIndex(tx, j);
-      if (col >= p.n) continue;
-      float v = alpha * acc[i][j];
-      if (p.beta != 0.0) v += beta * c[row * p.ldc + col];
-      d[row * p.ldd + col] = v;
-    }
-  }
-}
-
 // One 128 x 128 tile with A and B laid out as the template says.
 template <int kBK, bool kAAlongK, bool kBAlongK>
 __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row0, int64_t col0,
@@ -304,7 +292,7 @@ __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row
     __syncthreads();
   }
 
-  WideEpilogue(p, acc, row0, col0);
+  Epilogue<float, float, 8>(p, acc, row0, col0);  // Float32 in, float32 out (IsSupportedOutput).
   // The next tile's first stash follows this tile's last reads through
   // the loop's final __syncthreads.
 }
