@@ -714,15 +714,6 @@ absl::Status ValidHopperOptions(const GroupedGemmOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("hopper_split_k must be 0 to ",
                                                    kHopperMaxSplits, ", not ", o.hopper_split_k));
   }
-  if (o.simt_tile != 0 && o.simt_tile != kSimtTile && o.simt_tile != kSimtWideTile) {
-    return absl::InvalidArgumentError(absl::StrCat("simt_tile must be 0, ", kSimtTile, " or ",
-                                                   kSimtWideTile, ", not ", o.simt_tile));
-  }
-  if (o.simt_tile == kSimtWideTile && o.input != DType::kFloat32) {
-    return absl::InvalidArgumentError(absl::StrCat("simt_tile ", kSimtWideTile,
-                                                   " needs float32 inputs, not ",
-                                                   DTypeName(o.input)));
-  }
   if (o.hopper_pingpong) {
     if (o.input != DType::kBFloat16 && o.input != DType::kFloat16) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -734,6 +725,21 @@ absl::Status ValidHopperOptions(const GroupedGemmOptions& o) {
           "hopper_pingpong runs 128x128 tiles on single CTAs without split-K: hopper_tile_n must "
           "be 0 or 128, hopper_cluster 0 or 1 and hopper_split_k 0 or 1");
     }
+  }
+  return absl::OkStatus();
+}
+
+// GroupedGemmOptions::simt_tile: 0, kSimtTile, or kSimtWideTile with
+// float32 inputs.
+absl::Status ValidSimtOptions(const GroupedGemmOptions& o) {
+  if (o.simt_tile != 0 && o.simt_tile != kSimtTile && o.simt_tile != kSimtWideTile) {
+    return absl::InvalidArgumentError(absl::StrCat("simt_tile must be 0, ", kSimtTile, " or ",
+                                                   kSimtWideTile, ", not ", o.simt_tile));
+  }
+  if (o.simt_tile == kSimtWideTile && o.input != DType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat("simt_tile ", kSimtWideTile,
+                                                   " needs float32 inputs, not ",
+                                                   DTypeName(o.input)));
   }
   return absl::OkStatus();
 }
@@ -785,6 +791,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     }
   }
   if (absl::Status s = ValidHopperOptions(options); !s.ok()) return s;
+  if (absl::Status s = ValidSimtOptions(options); !s.ok()) return s;
   const std::vector<Path> paths = Plan(problems, options, hopper_);
   const WorkspaceLayout layout = Layout(
       problems, paths, options, SplitPartialBytes(problems, paths, options, num_sms_, max_clusters_));
