@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# The first GPU run of the ping-pong consumers (GroupedGemmOptions::
-# hopper_pingpong, opt-in, written after the twelfth kernel round in
-# docs/BENCHMARKS.md): their test, then how they time against the default
-# cooperative consumers on the rows they are for. About three minutes on
-# an H100/H200:
+# The ping-pong consumers (GroupedGemmOptions::hopper_pingpong, opt-in;
+# docs/BENCHMARKS.md, thirteenth round): their tests, then how they time
+# against the default cooperative consumers on the rows they are for. About
+# two minutes on an H100/H200:
 #
 #   tests/gpu/pingpong_check.sh BIN_DIR OUT_DIR
 #
@@ -15,7 +14,7 @@
 # rows with --tile_n=128 and without ping-pong, so that the ping-pong rows
 # can be read against the cooperative kernel at the same tile width too;
 # last, GroupedGemmTest.PingPongTurnsOnASmallBatch under compute-sanitizer's
-# racecheck and synccheck (the turns' mbarriers and the two rings).
+# racecheck and synccheck (the turns' mbarriers and the shared ring).
 set -uo pipefail
 bin=$1 out=$2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -687,8 +687,8 @@ TEST_F(GroupedGemmTest, RepeatedLaunchesGiveIdenticalResults) {
 // columns), every layout, alpha and beta (register stores) and TMA stores,
 // each 16-bit input and a float32 output, batches in the launch parameters
 // and through the table, both grids; a 1,024-problem batch; long K; the
-// same batch launched 100 times (a race in the two rings shows as a result
-// that moves); and the options it refuses.
+// same batch launched 100 times (a race between the warpgroups' turns shows
+// as a result that moves); and the options it refuses.
 TEST_F(GroupedGemmTest, PingPongConsumers) {
   pingpong_ = true;
   const TypeCase types[] = {kTypes[0], {DType::kBFloat16, DType::kFloat32, Precision::kDefault},
@@ -768,25 +768,21 @@ TEST_F(GroupedGemmTest, PingPongConsumers) {
 TEST_F(GroupedGemmTest, SimtWideTiles) {
   cublas_min_flops_ = 0;
   simt_tile_ = kSimtWideTile;
-  {
-    const DType out = DType::kFloat32;
-    std::vector<HostProblem> batch;
-    int i = 0;
-    for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{
-             {1, 1, 1}, {1, 4097, 3}, {333, 1, 777}, {128, 128, 8}, {129, 257, 9},
-             {127, 130, 1000}, {520, 384, 33}}) {
-      for (int v = 0; v < 4; ++v, ++i) {
-        batch.push_back(MakeHostProblem(m, n, k, DType::kFloat32, out, rng_, v & 1, v & 2,
-                                        i % 2 ? 1.25 : 1.0, i % 3 == 0 ? 0.5 : 0.0, i % 5 == 1,
-                                        i % 7 == 2 ? 3 : 0));
-      }
+  std::vector<HostProblem> batch;
+  int i = 0;
+  for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{
+           {1, 1, 1}, {1, 4097, 3}, {333, 1, 777}, {128, 128, 8}, {129, 257, 9},
+           {127, 130, 1000}, {520, 384, 33}}) {
+    for (int v = 0; v < 4; ++v, ++i) {
+      batch.push_back(MakeHostProblem(m, n, k, DType::kFloat32, DType::kFloat32, rng_, v & 1,
+                                      v & 2, i % 2 ? 1.25 : 1.0, i % 3 == 0 ? 0.5 : 0.0,
+                                      i % 5 == 1, i % 7 == 2 ? 3 : 0));
     }
-    const LaunchReport report =
-        RunAndCheck(batch, DType::kFloat32, out, Precision::kDefault, KernelFamily::kPersistent, 0,
-                    "SIMT 128x128");
-    EXPECT_EQ(report.simt_problems, static_cast<int>(batch.size()));
-    EXPECT_EQ(report.simt_tile, kSimtWideTile);
   }
+  LaunchReport report = RunAndCheck(batch, DType::kFloat32, DType::kFloat32, Precision::kDefault,
+                                    KernelFamily::kPersistent, 0, "SIMT 128x128");
+  EXPECT_EQ(report.simt_problems, static_cast<int>(batch.size()));
+  EXPECT_EQ(report.simt_tile, kSimtWideTile);
   // 1,024 tiles: blocks take several tiles each (persistent) or one.
   for (KernelFamily f : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
     RunAndCheck({MakeHostProblem(4096, 4096, 24, DType::kFloat32, DType::kFloat32, rng_)},
@@ -795,10 +791,9 @@ TEST_F(GroupedGemmTest, SimtWideTiles) {
 
   // Chosen: 128 where there are as many such tiles as SMs, else 64.
   simt_tile_ = 0;
-  LaunchReport report =
-      RunAndCheck({MakeHostProblem(4096, 4096, 24, DType::kFloat32, DType::kFloat32, rng_)},
-                  DType::kFloat32, DType::kFloat32, Precision::kDefault,
-                  KernelFamily::kPersistent, 4096, "SIMT, chosen tile, large");
+  report = RunAndCheck({MakeHostProblem(4096, 4096, 24, DType::kFloat32, DType::kFloat32, rng_)},
+                       DType::kFloat32, DType::kFloat32, Precision::kDefault,
+                       KernelFamily::kPersistent, 4096, "SIMT, chosen tile, large");
   EXPECT_EQ(report.simt_tile, kSimtWideTile);
   report = RunAndCheck({MakeHostProblem(200, 100, 50, DType::kFloat32, DType::kFloat32, rng_)},
                        DType::kFloat32, DType::kFloat32, Precision::kDefault,
