@@ -82,12 +82,11 @@ __device__ __forceinline__ int OutputIndex(int t, int i) {
   }
 }
 
-// D = alpha acc + beta C for a thread's kPerThread x kPerThread outputs of
-// the tile at (row0, col0).
+// D = alpha acc + beta C for the kPerThread x kPerThread outputs of the
+// thread at (tx, ty) of the 16 x 16 grid, in the tile at (row0, col0).
 template <typename TOut, typename TAcc, int kPerThread>
 __device__ void Epilogue(const DeviceGemmProblem& p, const TAcc (&acc)[kPerThread][kPerThread],
-                         int64_t row0, int64_t col0) {
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+                         int64_t row0, int64_t col0, int tx, int ty) {
   const TAcc alpha = static_cast<TAcc>(p.alpha);
   const TAcc beta = static_cast<TAcc>(p.beta);
   TOut* d = static_cast<TOut*>(p.d);
@@ -181,21 +180,27 @@ __global__ void __launch_bounds__(kThreads) SimtGroupedGemm(SimtLaunch l) {
 
     switch (l.output) {
       case DType::kFloat64:
-        if constexpr (std::is_same_v<TAcc, double>) Epilogue<double, TAcc>(p, acc, row0, col0);
+        if constexpr (std::is_same_v<TAcc, double>) {
+          Epilogue<double, TAcc>(p, acc, row0, col0, tx, ty);
+        }
         break;
-      case DType::kFloat32: Epilogue<float, TAcc>(p, acc, row0, col0); break;
-      case DType::kBFloat16: Epilogue<__nv_bfloat16, TAcc>(p, acc, row0, col0); break;
-      case DType::kFloat16: Epilogue<__half, TAcc>(p, acc, row0, col0); break;
+      case DType::kFloat32: Epilogue<float, TAcc>(p, acc, row0, col0, tx, ty); break;
+      case DType::kBFloat16: Epilogue<__nv_bfloat16, TAcc>(p, acc, row0, col0, tx, ty); break;
+      case DType::kFloat16: Epilogue<__half, TAcc>(p, acc, row0, col0, tx, ty); break;
     }
     __syncthreads();  // The next tile overwrites the staging buffers.
   }
 }
 
 // Float32 inputs, 128 x 128 tiles, a K-slab of 16, 256 threads of 8 x 8
-// outputs. Loads stay element by element with bounds checks (any
-// alignment, leading dimension and transpose, as in SimtGroupedGemm), one
-// slab of 16 k ahead in registers; each thread's rows and columns are two
-// float4s of a slab row, so 4 shared loads feed 64 FMAs.
+// outputs. Each thread's rows and columns are two float4s of a slab row, so
+// 4 shared loads feed 64 FMAs; a warp's 32 threads take 4 x 8 of the 16 x 16
+// output groups, so each of those loads is one shared-memory wavefront.
+// Slabs are fetched one ahead into registers. Where both operands allow it
+// (16-byte aligned, leading dimensions multiples of 4: WideVector) threads
+// fetch whole float4s; otherwise elements one by one with bounds checks
+// (any alignment, leading dimension and transpose, as in SimtGroupedGemm). The element-by-element fetch cost a quarter of the
+// instructions on top of the FMAs at 4096^3 (Nsight Compute, H100).
 // (The slab depth kBK and the blocks an SM, kMinBlocks, are template
 // parameters so that a diagnostic build can time other choices: see
 // LaunchSimtGemm.)
@@ -205,18 +210,26 @@ template <int kBK>
 using WideSlab = float[kBK][kWide + kWidePad];
 
 // One operand's share of a slab: 128 rows (A) or columns (B) by kBK k.
-// Each thread moves kElems elements, consecutive threads along the
-// operand's contiguous dimension: along k (kAlongK: A as given, B
-// transposed) kBK threads cover a row's k and 256 / kBK rows follow;
-// otherwise 128 threads cover the 128 rows and 2 k follow.
-template <bool kAlongK, int kBK>
+// Each thread moves kElems elements along the operand's contiguous
+// dimension (along k for kAlongK: A as given, B transposed), in one of two
+// ways (kVector):
+//  - float4 groups of 4 consecutive elements, where the operand allows it
+//    (WideVector): along k, a row's kBK / 4 groups go to consecutive
+//    threads; otherwise the 32 groups of a k do.
+//  - element by element with bounds checks: along k, kBK threads cover a
+//    row's k and 256 / kBK rows follow; otherwise 128 threads cover the 128
+//    rows and 2 k follow (consecutive threads, consecutive addresses).
+template <bool kAlongK, int kBK, bool kVector>
 struct WideOperand {
   static constexpr int kElems = kWide * kBK / kThreads;
+  static constexpr int kGroups = kElems / 4;
+  static_assert(kGroups * 4 == kElems, "whole float4 groups a thread");
   const float* base;  // Element (0, 0) of the tile: its first row (or column) at k = 0.
   int64_t ld;
   int rows;  // Rows (or columns) of the tile inside the matrix (dimensions fit an int).
   int k;
 
+  // Row (or column) and k of element e, fetched element by element.
   __device__ static int Row(int e) {
     return kAlongK ? static_cast<int>(threadIdx.x) / kBK + (kThreads / kBK) * e
                    : static_cast<int>(threadIdx.x) % kWide;
@@ -225,32 +238,83 @@ struct WideOperand {
     return kAlongK ? static_cast<int>(threadIdx.x) % kBK
                    : static_cast<int>(threadIdx.x) / kWide + 2 * e;
   }
+  // First row (or column) and k of float4 group g.
+  __device__ static int GroupRow(int g) {
+    const int q = static_cast<int>(threadIdx.x) + kThreads * g;
+    return kAlongK ? q / (kBK / 4) : (q % (kWide / 4)) * 4;
+  }
+  __device__ static int GroupK(int g) {
+    const int q = static_cast<int>(threadIdx.x) + kThreads * g;
+    return kAlongK ? (q % (kBK / 4)) * 4 : q / (kWide / 4);
+  }
+  // The slab at k0, into registers.
   __device__ void Fetch(float (&r)[kElems], int k0) const {
+    if constexpr (kVector) {
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) {
-      const int row = Row(e), kk = k0 + Kk(e);
-      r[e] = row < rows && kk < k ? base[kAlongK ? row * ld + kk : kk * ld + row] : 0.0f;
+      for (int g = 0; g < kGroups; ++g) {
+        const int row = GroupRow(g), kk = k0 + GroupK(g);
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (row < rows && kk < k) {  // A group lies wholly inside or outside (WideVector).
+          v = *reinterpret_cast<const float4*>(base + (kAlongK ? row * ld + kk : kk * ld + row));
+        }
+        r[4 * g] = v.x;
+        r[4 * g + 1] = v.y;
+        r[4 * g + 2] = v.z;
+        r[4 * g + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) {
+        const int row = Row(e), kk = k0 + Kk(e);
+        r[e] = row < rows && kk < k ? base[kAlongK ? row * ld + kk : kk * ld + row] : 0.0f;
+      }
     }
   }
+  // A fetched slab, into shared memory.
   __device__ static void Stash(WideSlab<kBK>& slab, const float (&r)[kElems]) {
+    if constexpr (kVector) {
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) slab[Kk(e)][Row(e)] = r[e];
+      for (int g = 0; g < kGroups; ++g) {
+        const int row = GroupRow(g), kk = GroupK(g);
+        if constexpr (kAlongK) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) slab[kk + c][row] = r[4 * g + c];
+        } else {
+          *reinterpret_cast<float4*>(&slab[kk][row]) =
+              make_float4(r[4 * g], r[4 * g + 1], r[4 * g + 2], r[4 * g + 3]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) slab[Kk(e)][Row(e)] = r[e];
+    }
   }
 };
 
-// One 128 x 128 tile with A and B laid out as the template says.
-template <int kBK, bool kAAlongK, bool kBAlongK>
+// Whether an operand's tile can be fetched as float4 groups, each wholly
+// inside or outside the matrix: base 16-byte aligned, ld a multiple of 4,
+// and the dimension the groups run along (k, or the tile's rows) a
+// multiple of 4 or (rows) at least the tile.
+template <bool kAlongK>
+__device__ __forceinline__ bool WideVector(const float* base, int64_t ld, int rows, int64_t k) {
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && ld % 4 == 0 &&
+         (kAlongK ? k % 4 == 0 : rows >= kWide || rows % 4 == 0);
+}
+
+// One 128 x 128 tile with A and B laid out as the template says, both
+// fetched as float4 groups or both element by element (kVector).
+template <int kBK, bool kAAlongK, bool kBAlongK, bool kVector>
 __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row0, int64_t col0,
                                          WideSlab<kBK> (&as)[2], WideSlab<kBK> (&bs)[2]) {
-  using OperandA = WideOperand<kAAlongK, kBK>;
-  using OperandB = WideOperand<kBAlongK, kBK>;
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const float* a = static_cast<const float*>(p.a);
-  const float* b = static_cast<const float*>(p.b);
-  const OperandA wa{a + (kAAlongK ? row0 * p.lda : row0), p.lda, static_cast<int>(p.m - row0),
-                    static_cast<int>(p.k)};
-  const OperandB wb{b + (kBAlongK ? col0 * p.ldb : col0), p.ldb, static_cast<int>(p.n - col0),
-                    static_cast<int>(p.k)};
+  using OperandA = WideOperand<kAAlongK, kBK, kVector>;
+  using OperandB = WideOperand<kBAlongK, kBK, kVector>;
+  // A warp covers 4 x 8 of the 16 x 16 groups of 8 x 8 outputs.
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int tx = lane % 8 + 8 * (warp % 2), ty = lane / 8 + 4 * (warp / 2);
+  const OperandA wa{static_cast<const float*>(p.a) + (kAAlongK ? row0 * p.lda : row0), p.lda,
+                    static_cast<int>(p.m - row0), static_cast<int>(p.k)};
+  const OperandB wb{static_cast<const float*>(p.b) + (kBAlongK ? col0 * p.ldb : col0), p.ldb,
+                    static_cast<int>(p.n - col0), static_cast<int>(p.k)};
 
   float acc[8][8];
 #pragma unroll
@@ -292,9 +356,25 @@ __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row
     __syncthreads();
   }
 
-  Epilogue<float, float, 8>(p, acc, row0, col0);  // Float32 in, float32 out (IsSupportedOutput).
+  // Float32 in, float32 out (IsSupportedOutput).
+  Epilogue<float, float, 8>(p, acc, row0, col0, tx, ty);
   // The next tile's first stash follows this tile's last reads through
   // the loop's final __syncthreads.
+}
+
+// A tile of any layout: picks WideTile's template arguments.
+template <int kBK, bool kAAlongK, bool kBAlongK>
+__device__ __forceinline__ void WideTileOfLayout(const DeviceGemmProblem& p, int64_t row0,
+                                                 int64_t col0, WideSlab<kBK> (&as)[2],
+                                                 WideSlab<kBK> (&bs)[2]) {
+  const float* a = static_cast<const float*>(p.a) + (kAAlongK ? row0 * p.lda : row0);
+  const float* b = static_cast<const float*>(p.b) + (kBAlongK ? col0 * p.ldb : col0);
+  if (WideVector<kAAlongK>(a, p.lda, static_cast<int>(p.m - row0), p.k) &&
+      WideVector<kBAlongK>(b, p.ldb, static_cast<int>(p.n - col0), p.k)) {
+    WideTile<kBK, kAAlongK, kBAlongK, true>(p, row0, col0, as, bs);
+  } else {
+    WideTile<kBK, kAAlongK, kBAlongK, false>(p, row0, col0, as, bs);
+  }
 }
 
 template <int kBK, int kMinBlocks>
@@ -310,11 +390,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SimtWideGemm(SimtLaunch 
     const int64_t col0 = static_cast<int64_t>(local % tiles_n) * kWide;
     // A is read along k unless transposed, B only when transposed.
     if (!p.transpose_a) {
-      if (p.transpose_b) WideTile<kBK, true, true>(p, row0, col0, as, bs);
-      else WideTile<kBK, true, false>(p, row0, col0, as, bs);
+      if (p.transpose_b) WideTileOfLayout<kBK, true, true>(p, row0, col0, as, bs);
+      else WideTileOfLayout<kBK, true, false>(p, row0, col0, as, bs);
     } else {
-      if (p.transpose_b) WideTile<kBK, false, true>(p, row0, col0, as, bs);
-      else WideTile<kBK, false, false>(p, row0, col0, as, bs);
+      if (p.transpose_b) WideTileOfLayout<kBK, false, true>(p, row0, col0, as, bs);
+      else WideTileOfLayout<kBK, false, false>(p, row0, col0, as, bs);
     }
   }
 }

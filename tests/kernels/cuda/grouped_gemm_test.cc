@@ -763,8 +763,9 @@ TEST_F(GroupedGemmTest, PingPongConsumers) {
 
 // The SIMT kernel's 128 x 128 tiles (exact float32): odd shapes inside and
 // across tile edges, every layout, rows off 16 bytes, alpha and beta, and
-// more tiles than blocks; then the launcher's choice of tile, and what it
-// refuses.
+// more tiles than blocks; both fetches (float4 groups where operands are
+// aligned, with edge tiles 4 wide; element by element elsewhere); then the
+// launcher's choice of tile, and what it refuses.
 TEST_F(GroupedGemmTest, SimtWideTiles) {
   cublas_min_flops_ = 0;
   simt_tile_ = kSimtWideTile;
@@ -772,7 +773,7 @@ TEST_F(GroupedGemmTest, SimtWideTiles) {
   int i = 0;
   for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{
            {1, 1, 1}, {1, 4097, 3}, {333, 1, 777}, {128, 128, 8}, {129, 257, 9},
-           {127, 130, 1000}, {520, 384, 33}}) {
+           {127, 130, 1000}, {520, 384, 33}, {256, 260, 64}, {136, 388, 100}}) {
     for (int v = 0; v < 4; ++v, ++i) {
       batch.push_back(MakeHostProblem(m, n, k, DType::kFloat32, DType::kFloat32, rng_, v & 1,
                                       v & 2, i % 2 ? 1.25 : 1.0, i % 3 == 0 ? 0.5 : 0.0,
