@@ -7,7 +7,8 @@
 // Float32 launches with enough work take 128 x 128 tiles instead, 8 x 8
 // outputs a thread read from shared memory as float4 (SimtWideGemm): with
 // 4 x 4, two shared loads feed each FMA pair and the kernel ran at about a
-// third of cuBLAS's SGEMM on an H100 (docs/BENCHMARKS.md).
+// third of cuBLAS's SGEMM on an H100; the wide tiles, with float4 fetches
+// and copies straight to shared memory, run at 0.8x (docs/BENCHMARKS.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -196,18 +197,39 @@ __global__ void __launch_bounds__(kThreads) SimtGroupedGemm(SimtLaunch l) {
 // outputs. Each thread's rows and columns are two float4s of a slab row, so
 // 4 shared loads feed 64 FMAs; a warp's 32 threads take 4 x 8 of the 16 x 16
 // output groups, so each of those loads is one shared-memory wavefront.
-// Slabs are fetched one ahead into registers. Where both operands allow it
-// (16-byte aligned, leading dimensions multiples of 4: WideVector) threads
-// fetch whole float4s; otherwise elements one by one with bounds checks
-// (any alignment, leading dimension and transpose, as in SimtGroupedGemm). The element-by-element fetch cost a quarter of the
-// instructions on top of the FMAs at 4096^3 (Nsight Compute, H100).
-// (The slab depth kBK and the blocks an SM, kMinBlocks, are template
-// parameters so that a diagnostic build can time other choices: see
-// LaunchSimtGemm.)
+// Slabs are fetched one ahead, in two shared-memory buffers. Where both
+// operands allow it (16-byte aligned, leading dimensions multiples of 4:
+// WideVector) threads fetch whole float4s, and an operand along n goes
+// straight to shared memory (cp.async); otherwise elements one by one with
+// bounds checks (any alignment, leading dimension and transpose, as in
+// SimtGroupedGemm), through registers. The element-by-element fetch cost a
+// quarter of the instructions on top of the FMAs at 4096^3 (Nsight Compute,
+// H100), and the kernel is short of registers (128 for two blocks an SM).
+// (The slab depth kBK, the blocks an SM, kMinBlocks, and what goes through
+// registers, kAsync, are template parameters so that a diagnostic build can
+// time other choices: see LaunchSimtGemm.)
 constexpr int kWide = kSimtWideTile;  // 128
 constexpr int kWidePad = 4;  // Keeps float4 alignment; spreads the stash's stores over the banks.
 template <int kBK>
 using WideSlab = float[kBK][kWide + kWidePad];
+
+// A 16-byte copy from global to shared memory that does not pass through
+// registers (cp.async, sm_80 and later); zeros where !valid. Complete once
+// this thread runs WaitCopies.
+__device__ __forceinline__ void CopyAsync16(float* shared, const float* global, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+// The same for 4 bytes (cp.async.ca: 4-byte copies go through L1).
+__device__ __forceinline__ void CopyAsync4(float* shared, const float* global, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(global),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void WaitCopies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // One operand's share of a slab: 128 rows (A) or columns (B) by kBK k.
 // Each thread moves kElems elements along the operand's contiguous
@@ -215,15 +237,24 @@ using WideSlab = float[kBK][kWide + kWidePad];
 // ways (kVector):
 //  - float4 groups of 4 consecutive elements, where the operand allows it
 //    (WideVector): along k, a row's kBK / 4 groups go to consecutive
-//    threads; otherwise the 32 groups of a k do.
+//    threads, through registers (Stash transposes them); otherwise the 32
+//    groups of a k do, and with kAsync >= 1 they go straight to shared
+//    memory (CopyAsync16: no staging registers, which the kernel is short
+//    of).
 //  - element by element with bounds checks: along k, kBK threads cover a
 //    row's k and 256 / kBK rows follow; otherwise 128 threads cover the 128
-//    rows and 2 k follow (consecutive threads, consecutive addresses).
-template <bool kAlongK, int kBK, bool kVector>
+//    rows and 2 k follow (consecutive threads, consecutive addresses). With
+//    kAsync == 2 these go straight to shared memory too (CopyAsync4), and
+//    so does an operand along k in place of its float4 groups.
+template <bool kAlongK, int kBK, bool kVector, int kAsync>
 struct WideOperand {
   static constexpr int kElems = kWide * kBK / kThreads;
   static constexpr int kGroups = kElems / 4;
   static_assert(kGroups * 4 == kElems, "whole float4 groups a thread");
+  static constexpr bool kCopies16 = kVector && !kAlongK && kAsync >= 1;  // CopyAsync16 groups.
+  static constexpr bool kCopies4 = !kCopies16 && kAsync == 2;            // CopyAsync4 elements.
+  static constexpr bool kCopies = kCopies16 || kCopies4;                 // Fetch copies to shared.
+  static constexpr int kRegs = kCopies ? 1 : kElems;                     // Staging registers.
   const float* base;  // Element (0, 0) of the tile: its first row (or column) at k = 0.
   int64_t ld;
   int rows;  // Rows (or columns) of the tile inside the matrix (dimensions fit an int).
@@ -247,9 +278,25 @@ struct WideOperand {
     const int q = static_cast<int>(threadIdx.x) + kThreads * g;
     return kAlongK ? (q % (kBK / 4)) * 4 : q / (kWide / 4);
   }
-  // The slab at k0, into registers.
-  __device__ void Fetch(float (&r)[kElems], int k0) const {
-    if constexpr (kVector) {
+  // The slab at k0, into registers r (Stash stores them in `slab`) or,
+  // where kCopies, on its way into `slab` (complete after WaitCopies).
+  __device__ void Fetch(float (&r)[kRegs], WideSlab<kBK>& slab, int k0) const {
+    if constexpr (kCopies4) {
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) {
+        const int row = Row(e), kk = k0 + Kk(e);
+        const bool valid = row < rows && kk < k;
+        const float* from = base + (kAlongK ? row * ld + kk : kk * ld + row);
+        CopyAsync4(&slab[Kk(e)][row], valid ? from : base, valid);
+      }
+    } else if constexpr (kCopies16) {
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        const int row = GroupRow(g), kk = GroupK(g);
+        const bool valid = row < rows && k0 + kk < k;
+        CopyAsync16(&slab[kk][row], valid ? base + (k0 + kk) * ld + row : base, valid);
+      }
+    } else if constexpr (kVector) {
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
         const int row = GroupRow(g), kk = k0 + GroupK(g);
@@ -270,9 +317,11 @@ struct WideOperand {
       }
     }
   }
-  // A fetched slab, into shared memory.
-  __device__ static void Stash(WideSlab<kBK>& slab, const float (&r)[kElems]) {
-    if constexpr (kVector) {
+  // A slab fetched into registers, into shared memory.
+  __device__ static void Stash(WideSlab<kBK>& slab, const float (&r)[kRegs]) {
+    if constexpr (kCopies) {
+      return;
+    } else if constexpr (kVector) {
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
         const int row = GroupRow(g), kk = GroupK(g);
@@ -303,11 +352,12 @@ __device__ __forceinline__ bool WideVector(const float* base, int64_t ld, int ro
 
 // One 128 x 128 tile with A and B laid out as the template says, both
 // fetched as float4 groups or both element by element (kVector).
-template <int kBK, bool kAAlongK, bool kBAlongK, bool kVector>
+template <int kBK, int kAsync, bool kAAlongK, bool kBAlongK, bool kVector>
 __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row0, int64_t col0,
                                          WideSlab<kBK> (&as)[2], WideSlab<kBK> (&bs)[2]) {
-  using OperandA = WideOperand<kAAlongK, kBK, kVector>;
-  using OperandB = WideOperand<kBAlongK, kBK, kVector>;
+  using OperandA = WideOperand<kAAlongK, kBK, kVector, kAsync>;
+  using OperandB = WideOperand<kBAlongK, kBK, kVector, kAsync>;
+  constexpr bool kCopies = OperandA::kCopies || OperandB::kCopies;
   // A warp covers 4 x 8 of the 16 x 16 groups of 8 x 8 outputs.
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int tx = lane % 8 + 8 * (warp % 2), ty = lane / 8 + 4 * (warp / 2);
@@ -322,18 +372,19 @@ __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
 
-  float ra[OperandA::kElems], rb[OperandB::kElems];
+  float ra[OperandA::kRegs], rb[OperandB::kRegs];
   const int kblocks = static_cast<int>((p.k + kBK - 1) / kBK);
-  wa.Fetch(ra, 0);
-  wb.Fetch(rb, 0);
+  wa.Fetch(ra, as[0], 0);
+  wb.Fetch(rb, bs[0], 0);
   OperandA::Stash(as[0], ra);
   OperandB::Stash(bs[0], rb);
+  if constexpr (kCopies) WaitCopies();
   __syncthreads();
   for (int kb = 0; kb < kblocks; ++kb) {
     const int buf = kb & 1;
     if (kb + 1 < kblocks) {
-      wa.Fetch(ra, (kb + 1) * kBK);
-      wb.Fetch(rb, (kb + 1) * kBK);
+      wa.Fetch(ra, as[buf ^ 1], (kb + 1) * kBK);
+      wb.Fetch(rb, bs[buf ^ 1], (kb + 1) * kBK);
     }
 #pragma unroll
     for (int l2 = 0; l2 < kBK; ++l2) {
@@ -353,6 +404,7 @@ __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row
       OperandA::Stash(as[buf ^ 1], ra);
       OperandB::Stash(bs[buf ^ 1], rb);
     }
+    if constexpr (kCopies) WaitCopies();
     __syncthreads();
   }
 
@@ -363,7 +415,7 @@ __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row
 }
 
 // A tile of any layout: picks WideTile's template arguments.
-template <int kBK, bool kAAlongK, bool kBAlongK>
+template <int kBK, int kAsync, bool kAAlongK, bool kBAlongK>
 __device__ __forceinline__ void WideTileOfLayout(const DeviceGemmProblem& p, int64_t row0,
                                                  int64_t col0, WideSlab<kBK> (&as)[2],
                                                  WideSlab<kBK> (&bs)[2]) {
@@ -371,13 +423,15 @@ __device__ __forceinline__ void WideTileOfLayout(const DeviceGemmProblem& p, int
   const float* b = static_cast<const float*>(p.b) + (kBAlongK ? col0 * p.ldb : col0);
   if (WideVector<kAAlongK>(a, p.lda, static_cast<int>(p.m - row0), p.k) &&
       WideVector<kBAlongK>(b, p.ldb, static_cast<int>(p.n - col0), p.k)) {
-    WideTile<kBK, kAAlongK, kBAlongK, true>(p, row0, col0, as, bs);
+    WideTile<kBK, kAsync, kAAlongK, kBAlongK, true>(p, row0, col0, as, bs);
   } else {
-    WideTile<kBK, kAAlongK, kBAlongK, false>(p, row0, col0, as, bs);
+    WideTile<kBK, kAsync, kAAlongK, kBAlongK, false>(p, row0, col0, as, bs);
   }
 }
 
-template <int kBK, int kMinBlocks>
+// kAsync: 0 every fetch through registers, 1 float4 groups along n copied
+// straight to shared memory, 2 every element (WideOperand).
+template <int kBK, int kMinBlocks, int kAsync = 1>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) SimtWideGemm(SimtLaunch l) {
   __shared__ __align__(16) WideSlab<kBK> as[2];
   __shared__ __align__(16) WideSlab<kBK> bs[2];
@@ -390,11 +444,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SimtWideGemm(SimtLaunch 
     const int64_t col0 = static_cast<int64_t>(local % tiles_n) * kWide;
     // A is read along k unless transposed, B only when transposed.
     if (!p.transpose_a) {
-      if (p.transpose_b) WideTileOfLayout<kBK, true, true>(p, row0, col0, as, bs);
-      else WideTileOfLayout<kBK, true, false>(p, row0, col0, as, bs);
+      if (p.transpose_b) WideTileOfLayout<kBK, kAsync, true, true>(p, row0, col0, as, bs);
+      else WideTileOfLayout<kBK, kAsync, true, false>(p, row0, col0, as, bs);
     } else {
-      if (p.transpose_b) WideTileOfLayout<kBK, false, true>(p, row0, col0, as, bs);
-      else WideTileOfLayout<kBK, false, false>(p, row0, col0, as, bs);
+      if (p.transpose_b) WideTileOfLayout<kBK, kAsync, false, true>(p, row0, col0, as, bs);
+      else WideTileOfLayout<kBK, kAsync, false, false>(p, row0, col0, as, bs);
     }
   }
 }
@@ -406,19 +460,26 @@ cudaError_t LaunchSimtGemm(const SimtLaunch& l) {
   if (l.tile == kSimtWideTile) {
     if (l.input != DType::kFloat32 || l.output != DType::kFloat32) return cudaErrorInvalidValue;
 #ifdef MATMUL_HOPPER_DIAG
-    // gemm-bench-diag only: MATMUL_SIMT_WIDE=BK,BLOCKS (8,2 / 16,1)
-    // times another slab depth or register budget against the shipped 16,2.
+    // gemm-bench-diag only: MATMUL_SIMT_WIDE=BK,BLOCKS[,FETCH] (8,2 / 16,1 /
+    // 16,2,regs / 16,2,copy4) times another slab depth, register budget or
+    // way of fetching (kAsync 0 or 2) against the shipped 16,2 with kAsync 1.
     if (const char* v = std::getenv("MATMUL_SIMT_WIDE"); v != nullptr) {
       const std::string variant(v);
-      if (variant == "8,2") SimtWideGemm<8, 2><<<l.grid, kThreads, 0, l.stream>>>(l);
-      else if (variant == "16,1") SimtWideGemm<16, 1><<<l.grid, kThreads, 0, l.stream>>>(l);
+      const unsigned grid = l.grid;
+      if (variant == "8,2") SimtWideGemm<8, 2><<<grid, kThreads, 0, l.stream>>>(l);
+      else if (variant == "16,1") SimtWideGemm<16, 1><<<grid, kThreads, 0, l.stream>>>(l);
+      else if (variant == "16,2,regs") SimtWideGemm<16, 2, 0><<<grid, kThreads, 0, l.stream>>>(l);
+      else if (variant == "16,2,copy4") SimtWideGemm<16, 2, 2><<<grid, kThreads, 0, l.stream>>>(l);
       else return cudaErrorInvalidValue;
       return cudaGetLastError();
     }
 #endif
     // A slab of 16 with two blocks an SM: measured on an H100 against 8,2
     // (0.63x cuBLAS at 4096^3), 16,1 (0.58x) and 8,1 (0.45x), 0.70x
-    // (docs/BENCHMARKS.md, thirteenth round).
+    // (docs/BENCHMARKS.md, thirteenth round). Operands along n copied
+    // straight to shared memory (kAsync 1): 0.80x, against 0.78x through
+    // registers (kAsync 0) and 0.79x with every element copied (kAsync 2;
+    // fourteenth round).
     SimtWideGemm<16, 2><<<l.grid, kThreads, 0, l.stream>>>(l);
     return cudaGetLastError();
   }
