@@ -209,11 +209,12 @@ struct GroupedGemmLauncher::Impl {
     return cudaEventRecord(staged.staging->done[staged.index], stream);
   }
 
-  static constexpr size_t kCounters = 2 + 2 * kHopperMaxSplitTiles;
+  static constexpr size_t kCounters = 2 + 2 * kHopperMaxSplitTiles + 2;
+  static constexpr size_t kSimtCounters = kCounters - 2;  // The SIMT kernels' pair.
 
   // `stream`'s self-resetting counters (kCounters, allocated and zeroed on
-  // the stream the first time): the tile counter pair, then the split
-  // tiles' pairs.
+  // the stream the first time): the Hopper kernel's tile counter pair, the
+  // split tiles' pairs, then the SIMT kernels' tile counter pair.
   absl::StatusOr<unsigned int*> Counters(cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = counters.find(stream);
@@ -1028,11 +1029,17 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     l.num_problems = static_cast<int>(simt.size());
     l.tile = tile;
     l.total_tiles = *tiles;
-    // Four 256-thread blocks of 64 x 64 tiles fit an SM alongside each
-    // other, two of 128 x 128 (their 8 x 8 accumulators a thread).
-    l.grid = options.family == KernelFamily::kNonPersistent
-                 ? l.total_tiles
-                 : std::min(*tiles, (tile == kSimtWideTile ? 2 : 4) * num_sms_);
+    // Persistent: blocks claim tiles from a counter. Two 256-thread blocks
+    // fit an SM at 128 registers a thread (both kernels); a 64 x 64 launch
+    // asks for four an SM, and those that start late take what is left.
+    if (options.family == KernelFamily::kNonPersistent) {
+      l.grid = l.total_tiles;
+    } else {
+      l.grid = std::min(*tiles, (tile == kSimtWideTile ? 2 : 4) * num_sms_);
+      absl::StatusOr<unsigned int*> counters = impl_->Counters(stream);
+      if (!counters.ok()) return counters.status();
+      l.tile_counter = *counters + Impl::kSimtCounters;
+    }
     l.stream = stream;
     if (auto s = check(LaunchSimtGemm(l)); !s.ok()) return s;
     ++r.launches;

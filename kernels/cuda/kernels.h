@@ -164,6 +164,10 @@ struct SimtLaunch {
   int num_problems = 0;
   int total_tiles = 0;
   int grid = 0;
+  // Two counters, zero before the launch and zero again after it (the last
+  // block resets them), from which blocks claim their tiles after the
+  // first; null: each block takes every grid-th tile (no claims).
+  unsigned int* tile_counter = nullptr;
   cudaStream_t stream = nullptr;
 };
 

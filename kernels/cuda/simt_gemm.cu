@@ -69,6 +69,68 @@ __device__ __forceinline__ int ProblemOf(const SimtLaunch& l, int tile) {
   return lo;
 }
 
+// A block's tiles in the persistent kernels, claimed from the launch's
+// counter (one atomicAdd a tile), so that blocks that finish early take
+// more and blocks that start late (more blocks than fit the GPU at once)
+// take what is left. (With a fixed stride the persistent grid ran 2-6%
+// slower than one block a tile on large float32 problems, H100.) Thread 0
+// claims the next tile as the block starts a tile; the claim reaches the
+// other threads through that tile's barriers, in one of two shared slots
+// (a slot is written again two tiles later, once every thread has passed
+// the barriers of the tile between). Without a counter a block's tiles are
+// its index and then every grid-th tile.
+class TileClaims {
+ public:
+  __device__ TileClaims(const SimtLaunch& l, int (&slots)[2])
+      : counter_(l.tile_counter), slots_(slots) {}
+
+  // The block's first tile (every thread of the block calls this).
+  __device__ int First() {
+    if (counter_ == nullptr) return static_cast<int>(blockIdx.x);
+    if (threadIdx.x == 0) slots_[1] = static_cast<int>(atomicAdd(counter_, 1u));
+    __syncthreads();
+    return slots_[1];
+  }
+
+  // Claims the tile after `tile`, the block's i-th (from 0); Next(i) reads
+  // it once the block has passed a barrier.
+  __device__ void Claim(int i, int tile) {
+    if (threadIdx.x != 0) return;
+    slots_[i & 1] = counter_ != nullptr ? static_cast<int>(atomicAdd(counter_, 1u))
+                                        : tile + static_cast<int>(gridDim.x);
+  }
+  __device__ int Next(int i) const { return slots_[i & 1]; }
+
+  // After the block's last claim: the last block to finish claiming sets
+  // the counters back to zero for the next launch (every block's claims
+  // come before its count).
+  __device__ void Done() {
+    if (threadIdx.x != 0 || counter_ == nullptr) return;
+    __threadfence();  // This block's claims before its count, for every block.
+    if (atomicAdd(counter_ + 1, 1u) == gridDim.x - 1) {
+      atomicExch(counter_, 0u);
+      atomicExch(counter_ + 1, 0u);
+    }
+  }
+
+ private:
+  unsigned int* counter_;  // Claims, then blocks done; null without claims.
+  int (&slots_)[2];        // Claimed tiles, shared by the block.
+};
+
+// Runs body(tile) for each tile of the block, in order (TileClaims), and
+// counts the block out at the end. `slots`: two ints of the block's shared
+// memory. The body must pass at least one barrier of the whole block.
+template <typename Body>
+__device__ __forceinline__ void ForEachTile(const SimtLaunch& l, int (&slots)[2], Body&& body) {
+  TileClaims claims(l, slots);
+  for (int tile = claims.First(), i = 0; tile < l.total_tiles; tile = claims.Next(i++)) {
+    claims.Claim(i, tile);
+    body(tile);
+  }
+  claims.Done();
+}
+
 // Row (or column) of a thread's output `i`, the thread at `t` (0-15) of its
 // 16 x 16 grid: 4 x 4 outputs a thread (64 x 64 tiles) lie 16 apart; 8 x 8
 // (SimtWideGemm's 128 x 128 tiles) lie in two groups of four, 64 apart, so
@@ -111,8 +173,9 @@ template <typename TIn, typename TAcc>
 __global__ void __launch_bounds__(kThreads) SimtGroupedGemm(SimtLaunch l) {
   __shared__ TAcc as[2][kBK][kTile + 1];
   __shared__ TAcc bs[2][kBK][kTile + 1];
+  __shared__ int claimed[2];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  for (int tile = blockIdx.x; tile < l.total_tiles; tile += gridDim.x) {
+  ForEachTile(l, claimed, [&](int tile) {
     const int problem = ProblemOf(l, tile);
     const DeviceGemmProblem p = l.problems[problem];
     const int local = tile - l.tile_offsets[problem];
@@ -190,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) SimtGroupedGemm(SimtLaunch l) {
       case DType::kFloat16: Epilogue<__half, TAcc>(p, acc, row0, col0, tx, ty); break;
     }
     __syncthreads();  // The next tile overwrites the staging buffers.
-  }
+  });
 }
 
 // Float32 inputs, 128 x 128 tiles, a K-slab of 16, 256 threads of 8 x 8
@@ -435,7 +498,8 @@ template <int kBK, int kMinBlocks, int kAsync = 1>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) SimtWideGemm(SimtLaunch l) {
   __shared__ __align__(16) WideSlab<kBK> as[2];
   __shared__ __align__(16) WideSlab<kBK> bs[2];
-  for (int tile = blockIdx.x; tile < l.total_tiles; tile += gridDim.x) {
+  __shared__ int claimed[2];
+  ForEachTile(l, claimed, [&](int tile) {
     const int problem = ProblemOf(l, tile);
     const DeviceGemmProblem& p = l.problems[problem];
     const int local = tile - l.tile_offsets[problem];
@@ -450,7 +514,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SimtWideGemm(SimtLaunch 
       if (p.transpose_b) WideTileOfLayout<kBK, kAsync, false, true>(p, row0, col0, as, bs);
       else WideTileOfLayout<kBK, kAsync, false, false>(p, row0, col0, as, bs);
     }
-  }
+  });
 }
 
 }  // namespace

@@ -682,6 +682,45 @@ TEST_F(GroupedGemmTest, RepeatedLaunchesGiveIdenticalResults) {
   }
 }
 
+// The SIMT kernels' persistent blocks claim tiles from a counter that the
+// last block sets back to zero: launched again and again, every tile is
+// claimed once (a counter left behind would leave outputs poisoned, a tile
+// claimed twice or raced would move a result). Both tile sides, with more
+// tiles than blocks, float32 and float64 (any dtype takes the 64 x 64 kernel).
+TEST_F(GroupedGemmTest, SimtClaimsEveryTileOnEveryLaunch) {
+  for (auto [dtype, tile] : {std::pair{DType::kFloat32, kSimtWideTile},
+                             std::pair{DType::kFloat32, kSimtTile},
+                             std::pair{DType::kFloat64, kSimtTile}}) {
+    const std::vector<HostProblem> host = {
+        MakeHostProblem(2048, 4096, 20, dtype, dtype, rng_),
+        MakeHostProblem(333, 777, 9, dtype, dtype, rng_, true, false, 1.5, 0.5)};
+    DeviceBatch batch(host, dtype, dtype);
+    GroupedGemmOptions o;
+    o.input = o.output = dtype;
+    o.simt_tile = tile;
+    o.cublas_min_flops = 0;
+    LaunchReport report;
+    Run(batch, o, &report);
+    ASSERT_EQ(report.simt_problems, 2);
+    ASSERT_EQ(report.simt_tile, tile);
+    std::vector<std::vector<uint8_t>> first;
+    for (size_t i = 0; i < host.size(); ++i) {
+      first.push_back(batch.Download(i));
+      EXPECT_LE(CheckAgainstReference(host[i], first.back(), dtype, dtype),
+                ErrorBound(dtype, dtype, Precision::kDefault))
+          << DTypeName(dtype) << " tile " << tile << " problem " << i;
+    }
+    for (int rep = 0; rep < 30; ++rep) {
+      for (auto& p : batch.problems()) cudaMemset(p.d, 0xff, p.m * p.n * ElementSize(dtype));
+      Run(batch, o, nullptr);
+      for (size_t i = 0; i < host.size(); ++i) {
+        ASSERT_EQ(batch.Download(i), first[i]) << DTypeName(dtype) << " tile " << tile
+                                               << " problem " << i << " launch " << rep + 2;
+      }
+    }
+  }
+}
+
 // The experimental ping-pong consumers (GroupedGemmOptions::hopper_pingpong):
 // edge tiles of every kind (rows in the first half only, half-width
 // columns), every layout, alpha and beta (register stores) and TMA stores,
