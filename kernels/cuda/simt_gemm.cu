@@ -120,11 +120,13 @@ class TileClaims {
 
 // Runs body(tile) for each tile of the block, in order (TileClaims), and
 // counts the block out at the end. `slots`: two ints of the block's shared
-// memory. The body must pass at least one barrier of the whole block.
+// memory; `total`: the launch's tiles (l.total_tiles, unless a kernel cuts
+// its own). The body must pass at least one barrier of the whole block.
 template <typename Body>
-__device__ __forceinline__ void ForEachTile(const SimtLaunch& l, int (&slots)[2], Body&& body) {
+__device__ __forceinline__ void ForEachTile(const SimtLaunch& l, int total, int (&slots)[2],
+                                            Body&& body) {
   TileClaims claims(l, slots);
-  for (int tile = claims.First(), i = 0; tile < l.total_tiles; tile = claims.Next(i++)) {
+  for (int tile = claims.First(), i = 0; tile < total; tile = claims.Next(i++)) {
     claims.Claim(i, tile);
     body(tile);
   }
@@ -175,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) SimtGroupedGemm(SimtLaunch l) {
   __shared__ TAcc bs[2][kBK][kTile + 1];
   __shared__ int claimed[2];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  ForEachTile(l, claimed, [&](int tile) {
+  ForEachTile(l, l.total_tiles, claimed, [&](int tile) {
     const int problem = ProblemOf(l, tile);
     const DeviceGemmProblem p = l.problems[problem];
     const int local = tile - l.tile_offsets[problem];
@@ -499,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SimtWideGemm(SimtLaunch 
   __shared__ __align__(16) WideSlab<kBK> as[2];
   __shared__ __align__(16) WideSlab<kBK> bs[2];
   __shared__ int claimed[2];
-  ForEachTile(l, claimed, [&](int tile) {
+  ForEachTile(l, l.total_tiles, claimed, [&](int tile) {
     const int problem = ProblemOf(l, tile);
     const DeviceGemmProblem& p = l.problems[problem];
     const int local = tile - l.tile_offsets[problem];
@@ -517,6 +519,130 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SimtWideGemm(SimtLaunch 
   });
 }
 
+#ifdef MATMUL_HOPPER_DIAG
+// ---- Diagnostic builds only: 256 x 128 tiles, 16 x 8 outputs a thread --------
+//
+// An experiment for exact float32, not yet measured: the shape of cuBLAS's
+// SGEMM kernel on Hopper (Nsight Compute: 256 x 128 x 8 tiles, 3 stages, 8
+// warps, 254 registers, one block an SM, 87% of issue slots busy against
+// the wide kernel's 72%). A thread's 128 accumulators give each k-step 128
+// independent FMAs for 6 shared loads (the wide kernel: 64 for 4), enough
+// to hide the loads' latency with two warps a scheduler. Every fetch goes
+// straight to shared memory (cp.async) in a 3-slab ring, so nothing is
+// staged in registers. Only what gemm-bench's single rows need: one
+// problem, A and B as given (row-major), 16-byte aligned, leading
+// dimensions and N multiples of 4; anything else traps.
+constexpr int kTallM = 256, kTallN = 128, kTallBK = 8, kTallStages = 3;
+
+template <int kGroups>
+__device__ __forceinline__ void WaitCopiesBut() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kGroups) : "memory");
+}
+__device__ __forceinline__ void CommitCopies() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+__global__ void __launch_bounds__(kThreads, 1) SimtTallGemm(SimtLaunch l) {
+  __shared__ __align__(16) float as[kTallStages][kTallBK][kTallM + 4];
+  __shared__ __align__(16) float bs[kTallStages][kTallBK][kTallN + 4];
+  __shared__ int claimed[2];
+  const DeviceGemmProblem& p = l.problems[0];
+  const float* a = static_cast<const float*>(p.a);
+  const float* b = static_cast<const float*>(p.b);
+  if (l.num_problems != 1 || p.transpose_a || p.transpose_b ||
+      reinterpret_cast<uintptr_t>(a) % 16 != 0 || reinterpret_cast<uintptr_t>(b) % 16 != 0 ||
+      p.ldb % 4 != 0 || p.n % 4 != 0) {
+    __trap();
+  }
+  const int tiles_n = static_cast<int>((p.n + kTallN - 1) / kTallN);
+  const int total = static_cast<int>((p.m + kTallM - 1) / kTallM) * tiles_n;
+  const int k = static_cast<int>(p.k);
+  const int kblocks = (k + kTallBK - 1) / kTallBK;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int tx = lane % 8 + 8 * (warp % 2), ty = lane / 8 + 4 * (warp / 2);
+  // This thread's copies: A elements (row t / 8 + 32 e, k t % 8), one
+  // 16-byte group of B (k t / 32, columns (t % 32) * 4 ...).
+  const int a_row = threadIdx.x / kTallBK, a_k = threadIdx.x % kTallBK;
+  const int b_k = threadIdx.x / 32, b_col = (threadIdx.x % 32) * 4;
+  ForEachTile(l, total, claimed, [&](int tile) {
+    const int64_t row0 = static_cast<int64_t>(tile / tiles_n) * kTallM;
+    const int64_t col0 = static_cast<int64_t>(tile % tiles_n) * kTallN;
+    const int rows_a = static_cast<int>(p.m - row0), cols_b = static_cast<int>(p.n - col0);
+    const float* a_tile = a + row0 * p.lda;
+    const float* b_tile = b + col0;
+    auto fetch = [&](int stage, int k0) {
+#pragma unroll
+      for (int e = 0; e < kTallM / 32; ++e) {
+        const int row = a_row + 32 * e, kk = k0 + a_k;
+        const bool valid = row < rows_a && kk < k;
+        CopyAsync4(&as[stage][a_k][row], valid ? a_tile + row * p.lda + kk : a, valid);
+      }
+      const int kk = k0 + b_k;
+      const bool valid = b_col < cols_b && kk < k;
+      CopyAsync16(&bs[stage][b_k][b_col], valid ? b_tile + kk * p.ldb + b_col : b, valid);
+    };
+
+    float acc[16][8];
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < kTallStages - 1; ++s) {
+      if (s < kblocks) fetch(s, s * kTallBK);
+      CommitCopies();
+    }
+    for (int kb = 0; kb < kblocks; ++kb) {
+      WaitCopiesBut<kTallStages - 2>();  // This thread's copies of slab kb have landed.
+      __syncthreads();  // Everyone's have, and everyone is done with slab kb - 1.
+      if (kb + kTallStages - 1 < kblocks) {
+        fetch((kb + kTallStages - 1) % kTallStages, (kb + kTallStages - 1) * kTallBK);
+      }
+      CommitCopies();  // Possibly empty: keeps one group a slab.
+      const int stage = kb % kTallStages;
+#pragma unroll
+      for (int l2 = 0; l2 < kTallBK; ++l2) {
+        float x[16], y[8];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          *reinterpret_cast<float4*>(&x[4 * q]) =
+              *reinterpret_cast<const float4*>(&as[stage][l2][64 * q + ty * 4]);
+        }
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          *reinterpret_cast<float4*>(&y[4 * q]) =
+              *reinterpret_cast<const float4*>(&bs[stage][l2][64 * q + tx * 4]);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(x[i], y[j], acc[i][j]);
+      }
+    }
+    WaitCopies();
+    __syncthreads();  // The next tile's first copies overwrite stages still being read.
+
+    const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
+    float* d = static_cast<float*>(p.d);
+    const float* c = static_cast<const float*>(p.c);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int64_t row = row0 + 64 * (i / 4) + ty * 4 + i % 4;
+      if (row >= p.m) continue;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int64_t col = col0 + 64 * (j / 4) + tx * 4 + j % 4;
+        if (col >= p.n) continue;
+        float v = alpha * acc[i][j];
+        if (p.beta != 0.0) v += beta * c[row * p.ldc + col];
+        d[row * p.ldd + col] = v;
+      }
+    }
+  });
+}
+#endif  // MATMUL_HOPPER_DIAG
+
 }  // namespace
 
 cudaError_t LaunchSimtGemm(const SimtLaunch& l) {
@@ -526,11 +652,16 @@ cudaError_t LaunchSimtGemm(const SimtLaunch& l) {
 #ifdef MATMUL_HOPPER_DIAG
     // gemm-bench-diag only: MATMUL_SIMT_WIDE=BK,BLOCKS[,FETCH] (8,2 / 16,1 /
     // 16,2,regs / 16,2,copy4) times another slab depth, register budget or
-    // way of fetching (kAsync 0 or 2) against the shipped 16,2 with kAsync 1.
+    // way of fetching (kAsync 0 or 2) against the shipped 16,2 with kAsync 1;
+    // MATMUL_SIMT_WIDE=tall the 256 x 128 experiment (SimtTallGemm), one
+    // block an SM (half the wide grid) or, without claims, one a wide tile.
     if (const char* v = std::getenv("MATMUL_SIMT_WIDE"); v != nullptr) {
       const std::string variant(v);
       const unsigned grid = l.grid;
-      if (variant == "8,2") SimtWideGemm<8, 2><<<grid, kThreads, 0, l.stream>>>(l);
+      if (variant == "tall") {
+        const unsigned tall_grid = l.tile_counter != nullptr ? (grid + 1) / 2 : grid;
+        SimtTallGemm<<<tall_grid, kThreads, 0, l.stream>>>(l);
+      } else if (variant == "8,2") SimtWideGemm<8, 2><<<grid, kThreads, 0, l.stream>>>(l);
       else if (variant == "16,1") SimtWideGemm<16, 1><<<grid, kThreads, 0, l.stream>>>(l);
       else if (variant == "16,2,regs") SimtWideGemm<16, 2, 0><<<grid, kThreads, 0, l.stream>>>(l);
       else if (variant == "16,2,copy4") SimtWideGemm<16, 2, 2><<<grid, kThreads, 0, l.stream>>>(l);
