@@ -165,8 +165,8 @@ struct SimtLaunch {
   int total_tiles = 0;
   int grid = 0;
   // Two counters, zero before the launch and zero again after it (the last
-  // block resets them), from which blocks claim their tiles after the
-  // first; null: each block takes every grid-th tile (no claims).
+  // block resets them), from which blocks claim their tiles; null: each
+  // block takes its index and every grid-th tile after it (no claims).
   unsigned int* tile_counter = nullptr;
   cudaStream_t stream = nullptr;
 };
