@@ -311,8 +311,16 @@ __device__ __forceinline__ void WaitCopies() { asm volatile("cp.async.wait_all;\
 //    rows and 2 k follow (consecutive threads, consecutive addresses). With
 //    kAsync == 2 these go straight to shared memory too (CopyAsync4), and
 //    so does an operand along k in place of its float4 groups.
+// One operand's tile in global memory.
+struct WideMatrix {
+  const float* base;  // Element (0, 0) of the tile: its first row (or column) at k = 0.
+  int64_t ld;
+  int rows;  // Rows (or columns) of the tile inside the matrix (dimensions fit an int).
+  int k;
+};
+
 template <bool kAlongK, int kBK, bool kVector, int kAsync>
-struct WideOperand {
+struct WideOperand : WideMatrix {
   static constexpr int kElems = kWide * kBK / kThreads;
   static constexpr int kGroups = kElems / 4;
   static_assert(kGroups * 4 == kElems, "whole float4 groups a thread");
@@ -320,10 +328,6 @@ struct WideOperand {
   static constexpr bool kCopies4 = !kCopies16 && kAsync == 2;            // CopyAsync4 elements.
   static constexpr bool kCopies = kCopies16 || kCopies4;                 // Fetch copies to shared.
   static constexpr int kRegs = kCopies ? 1 : kElems;                     // Staging registers.
-  const float* base;  // Element (0, 0) of the tile: its first row (or column) at k = 0.
-  int64_t ld;
-  int rows;  // Rows (or columns) of the tile inside the matrix (dimensions fit an int).
-  int k;
 
   // Row (or column) and k of element e, fetched element by element.
   __device__ static int Row(int e) {
@@ -410,15 +414,16 @@ struct WideOperand {
 // and the dimension the groups run along (k, or the tile's rows) a
 // multiple of 4 or (rows) at least the tile.
 template <bool kAlongK>
-__device__ __forceinline__ bool WideVector(const float* base, int64_t ld, int rows, int64_t k) {
-  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && ld % 4 == 0 &&
-         (kAlongK ? k % 4 == 0 : rows >= kWide || rows % 4 == 0);
+__device__ __forceinline__ bool WideVector(const WideMatrix& t) {
+  return reinterpret_cast<uintptr_t>(t.base) % 16 == 0 && t.ld % 4 == 0 &&
+         (kAlongK ? t.k % 4 == 0 : t.rows >= kWide || t.rows % 4 == 0);
 }
 
 // One 128 x 128 tile with A and B laid out as the template says, both
 // fetched as float4 groups or both element by element (kVector).
 template <int kBK, int kAsync, bool kAAlongK, bool kBAlongK, bool kVector>
 __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row0, int64_t col0,
+                                         const WideMatrix& a, const WideMatrix& b,
                                          WideSlab<kBK> (&as)[2], WideSlab<kBK> (&bs)[2]) {
   using OperandA = WideOperand<kAAlongK, kBK, kVector, kAsync>;
   using OperandB = WideOperand<kBAlongK, kBK, kVector, kAsync>;
@@ -426,10 +431,8 @@ __device__ __forceinline__ void WideTile(const DeviceGemmProblem& p, int64_t row
   // A warp covers 4 x 8 of the 16 x 16 groups of 8 x 8 outputs.
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int tx = lane % 8 + 8 * (warp % 2), ty = lane / 8 + 4 * (warp / 2);
-  const OperandA wa{static_cast<const float*>(p.a) + (kAAlongK ? row0 * p.lda : row0), p.lda,
-                    static_cast<int>(p.m - row0), static_cast<int>(p.k)};
-  const OperandB wb{static_cast<const float*>(p.b) + (kBAlongK ? col0 * p.ldb : col0), p.ldb,
-                    static_cast<int>(p.n - col0), static_cast<int>(p.k)};
+  const OperandA wa{a};
+  const OperandB wb{b};
 
   float acc[8][8];
 #pragma unroll
@@ -484,13 +487,14 @@ template <int kBK, int kAsync, bool kAAlongK, bool kBAlongK>
 __device__ __forceinline__ void WideTileOfLayout(const DeviceGemmProblem& p, int64_t row0,
                                                  int64_t col0, WideSlab<kBK> (&as)[2],
                                                  WideSlab<kBK> (&bs)[2]) {
-  const float* a = static_cast<const float*>(p.a) + (kAAlongK ? row0 * p.lda : row0);
-  const float* b = static_cast<const float*>(p.b) + (kBAlongK ? col0 * p.ldb : col0);
-  if (WideVector<kAAlongK>(a, p.lda, static_cast<int>(p.m - row0), p.k) &&
-      WideVector<kBAlongK>(b, p.ldb, static_cast<int>(p.n - col0), p.k)) {
-    WideTile<kBK, kAsync, kAAlongK, kBAlongK, true>(p, row0, col0, as, bs);
+  const WideMatrix a{static_cast<const float*>(p.a) + (kAAlongK ? row0 * p.lda : row0), p.lda,
+                     static_cast<int>(p.m - row0), static_cast<int>(p.k)};
+  const WideMatrix b{static_cast<const float*>(p.b) + (kBAlongK ? col0 * p.ldb : col0), p.ldb,
+                     static_cast<int>(p.n - col0), static_cast<int>(p.k)};
+  if (WideVector<kAAlongK>(a) && WideVector<kBAlongK>(b)) {
+    WideTile<kBK, kAsync, kAAlongK, kBAlongK, true>(p, row0, col0, a, b, as, bs);
   } else {
-    WideTile<kBK, kAsync, kAAlongK, kBAlongK, false>(p, row0, col0, as, bs);
+    WideTile<kBK, kAsync, kAAlongK, kBAlongK, false>(p, row0, col0, a, b, as, bs);
   }
 }
 
