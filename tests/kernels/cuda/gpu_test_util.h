@@ -95,6 +95,15 @@ class DeviceBatch {
     for (void* p : allocations_) cudaFree(p);
   }
   std::vector<DeviceGemmProblem>& problems() { return problems_; }
+  // Poisons every output again (0xff bytes, as at upload), so that a
+  // launch that leaves an element unwritten shows; false if a memset failed.
+  bool Poison() {
+    bool ok = true;
+    for (const DeviceGemmProblem& p : problems_) {
+      ok = ok && cudaMemset(p.d, 0xff, p.m * p.n * ElementSize(out_)) == cudaSuccess;
+    }
+    return ok;
+  }
   std::vector<uint8_t> Download(size_t i) const {
     const DeviceGemmProblem& p = problems_[i];
     std::vector<uint8_t> host(p.m * p.n * ElementSize(out_));

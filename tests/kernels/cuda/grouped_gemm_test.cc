@@ -317,7 +317,7 @@ TEST_F(GroupedGemmTest, RepeatedLaunchesInTheParameters) {
     const int w = rep % 3;
     o.hopper_tile_n = widths[w];
     o.hopper_inline_problems = rep % 10 == 9 ? 0 : -1;
-    for (auto& p : batch.problems()) cudaMemset(p.d, 0xff, p.m * p.n * 2);
+    ASSERT_TRUE(batch.Poison());
     LaunchReport report;
     Run(batch, o, &report);
     ASSERT_EQ(report.hopper_inline, rep % 10 != 9);
@@ -468,8 +468,7 @@ TEST_F(GroupedGemmTest, SplitKRepeatsBitIdentical) {
     o.hopper_split_k = splits[w];
     // Every tenth launch through a table: no split, and the counters untouched.
     o.hopper_inline_problems = rep % 10 == 9 ? 0 : -1;
-    const DeviceGemmProblem& p = batch.problems()[0];
-    ASSERT_EQ(cudaMemset(p.d, 0xff, p.m * p.n * 4), cudaSuccess);
+    ASSERT_TRUE(batch.Poison());
     LaunchReport report;
     Run(batch, o, &report);
     ASSERT_EQ(report.hopper_split_k, rep % 10 == 9 ? 1 : splits[w]) << "launch " << rep;
@@ -671,7 +670,7 @@ TEST_F(GroupedGemmTest, RepeatedLaunchesGiveIdenticalResults) {
           << "width " << width << " cluster " << cluster;
     }
     for (int rep = 0; rep < (width == 0 ? 200 : 50); ++rep) {
-      for (auto& p : batch.problems()) cudaMemset(p.d, 0xff, p.m * p.n * 4);
+      ASSERT_TRUE(batch.Poison());
       Run(batch, o, nullptr);
     }
     for (size_t i = 0; i < host.size(); ++i) {
@@ -711,7 +710,7 @@ TEST_F(GroupedGemmTest, SimtClaimsEveryTileOnEveryLaunch) {
           << DTypeName(dtype) << " tile " << tile << " problem " << i;
     }
     for (int rep = 0; rep < 30; ++rep) {
-      for (auto& p : batch.problems()) cudaMemset(p.d, 0xff, p.m * p.n * ElementSize(dtype));
+      ASSERT_TRUE(batch.Poison());
       Run(batch, o, nullptr);
       for (size_t i = 0; i < host.size(); ++i) {
         ASSERT_EQ(batch.Download(i), first[i]) << DTypeName(dtype) << " tile " << tile
@@ -771,7 +770,7 @@ TEST_F(GroupedGemmTest, PingPongConsumers) {
   std::vector<std::vector<uint8_t>> first;
   for (size_t i = 0; i < host.size(); ++i) first.push_back(device.Download(i));
   for (int rep = 0; rep < 100; ++rep) {
-    for (auto& p : device.problems()) cudaMemset(p.d, 0xff, p.m * p.n * 2);
+    ASSERT_TRUE(device.Poison());
     Run(device, o, nullptr);
     for (size_t i = 0; i < host.size(); ++i) {
       ASSERT_EQ(device.Download(i), first[i]) << "problem " << i << " moved at launch " << rep;
