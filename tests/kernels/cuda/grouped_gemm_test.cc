@@ -167,6 +167,27 @@ TEST_F(GroupedGemmTest, OddShapesTransposesAndScalars) {
   }
 }
 
+// TF32 operands stored MN-major are copied K-major before the launch, into
+// rows padded to 16 bytes: every stored layout, with and without padding
+// of the caller's own rows (widths that are not multiples of 4 either way).
+TEST_F(GroupedGemmTest, Tf32CopiesOfEveryStoredLayout) {
+  const std::vector<std::array<int64_t, 3>> shapes = {{37, 45, 70}, {130, 6, 33}, {1, 1027, 5}};
+  std::vector<HostProblem> batch;
+  for (const auto& s : shapes) {
+    const int64_t pad_m = (4 - s[0] % 4) % 4, pad_n = (4 - s[1] % 4) % 4;
+    for (int v = 0; v < 4; ++v) {
+      for (bool padded : {false, true}) {
+        batch.push_back(MakeHostProblem(s[0], s[1], s[2], DType::kFloat32, DType::kFloat32, rng_,
+                                        v & 1, v & 2, 1.25, v == 3 ? 0.5 : 0.0,
+                                        padded && (v & 1) ? pad_m : 0,
+                                        padded && !(v & 2) ? pad_n : 0));
+      }
+    }
+  }
+  RunAndCheck(batch, DType::kFloat32, DType::kFloat32, Precision::kTF32,
+              KernelFamily::kPersistent, 0, "TF32 copies");
+}
+
 TEST_F(GroupedGemmTest, OutputTypes) {
   for (DType in : {DType::kBFloat16, DType::kFloat16}) {
     for (DType out : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
