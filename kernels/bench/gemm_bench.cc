@@ -1,6 +1,7 @@
 // gemm-bench: our grouped kernels against cuBLAS on the GPU, one table.
 //
 //   gemm-bench [--json=FILE] [--quick] [--timing=isolated|back-to-back]
+//              [--order=interleaved|blocked]
 //              [--only=single|grouped] [--size=LABEL]... [--dtype=NAME]...
 //              [--tile_n=256|128|64] [--cluster=1|2] [--b_stored=kxn|nxk]
 //              [--inline=N] [--split_k=N] [--edge_tiles=0|1] [--reps=N]
@@ -30,6 +31,12 @@
 // Timing: CUDA events around each run, after warm-up; the median of many
 // runs; inputs rotated over several buffer sets (more than twice the L2) so
 // that no run reads the previous run's operands from cache; random data.
+// The variants of a row (cuBLAS and ours) run interleaved, repetition by
+// repetition, so that each meets the same clocks: large products run at
+// the GPU's power limit, where the clocks fall within a second of load and
+// rise again over any pause (see Order). --order=blocked times each
+// variant's runs one after the other instead, as rounds before 2026-12-06
+// did.
 //
 // The "host us" column is the median host time of one call into the
 // launcher (or cuBLAS): its planning, table building and enqueueing, which
@@ -54,6 +61,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -197,6 +205,15 @@ std::unique_ptr<Buffers> MakeBuffers(const std::vector<Shape>& shapes, DType in,
 //    busy server sees, and how GEMM libraries are usually timed).
 enum class Timing { kIsolated, kBackToBack };
 Timing g_timing = Timing::kIsolated;
+// How the variants of one row share the GPU (--order). Interleaved: each
+// repetition runs every variant once, the first one rotating, so that all
+// of them meet the same clocks. A large product draws the H100's whole
+// power limit within a second, after which its clocks fall by a quarter or
+// more; timed one after the other (blocked), a variant that follows a pause
+// (such as the previous variant's result check) gets higher clocks than one
+// that follows another variant's load.
+enum class Order { kInterleaved, kBlocked };
+Order g_order = Order::kInterleaved;
 // Hopper tile width for our rows (0: the launcher's choice).
 int g_tile_n = 0;
 // CTAs per cluster for our rows (0: the launcher's choice).
@@ -263,6 +280,53 @@ Timed TimeMedian(cudaStream_t stream, int sets, int reps, const std::function<vo
   return {ms[ms.size() / 2], host_us[host_us.size() / 2]};
 }
 
+// Times every function of `runs` as TimeMedian does, `reps` timed runs each:
+// one after the other (--order=blocked) or interleaved, repetition by
+// repetition (the default; see Order).
+std::vector<Timed> TimeVariants(cudaStream_t stream, int sets, int reps,
+                                const std::vector<std::function<void(int)>>& runs) {
+  std::vector<Timed> timed;
+  if (g_order == Order::kBlocked) {
+    for (const auto& run : runs) timed.push_back(TimeMedian(stream, sets, reps, run));
+    return timed;
+  }
+  const int variants = static_cast<int>(runs.size());
+  for (const auto& run : runs) {
+    for (int i = 0; i < 3; ++i) run(i % sets);
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<std::vector<float>> ms(variants);
+  std::vector<std::vector<double>> host_us(variants);
+  const int per = g_timing == Timing::kBackToBack ? kBatch : 1;
+  for (int i = 0; i < reps; ++i) {
+    for (int j = 0; j < variants; ++j) {
+      const int v = (i + j) % variants;
+      cudaEventRecord(start, stream);
+      for (int q = 0; q < per; ++q) {
+        const auto t0 = std::chrono::steady_clock::now();
+        runs[v]((i * per + q) % sets);
+        host_us[v].push_back(std::chrono::duration<double, std::micro>(
+                                 std::chrono::steady_clock::now() - t0)
+                                 .count());
+      }
+      cudaEventRecord(stop, stream);
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      float t;
+      cudaEventElapsedTime(&t, start, stop);
+      ms[v].push_back(t / per);
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  for (int v = 0; v < variants; ++v) {
+    timed.push_back({Median(std::vector<double>(ms[v].begin(), ms[v].end())), Median(host_us[v])});
+  }
+  return timed;
+}
+
 cudaDataType_t CudaType(DType t) {
   switch (t) {
     case DType::kFloat32: return CUDA_R_32F;
@@ -325,9 +389,11 @@ class Bench {
     const int reps = g_reps > 0 ? g_reps : (quick_ ? 10 : (flops > 1e12 ? 20 : 50));
     const std::string dtype = in == DType::kFloat32 ? (precision == Precision::kTF32 ? "tf32" : "float32")
                                                     : std::string(DTypeName(in));
-    double cublas_ms = 0;
-    std::vector<Row> rows;
-    for (auto family : {KernelFamily::kCublas, KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
+    const KernelFamily families[] = {KernelFamily::kCublas, KernelFamily::kPersistent,
+                                     KernelFamily::kNonPersistent};
+    std::vector<GroupedGemmOptions> options;
+    std::vector<std::function<void(int)>> runs;
+    for (auto family : families) {
       GroupedGemmOptions o;
       o.input = in;
       o.output = out;
@@ -342,20 +408,33 @@ class Bench {
       o.hopper_pingpong = g_pingpong && family != KernelFamily::kCublas &&
                           (in == DType::kBFloat16 || in == DType::kFloat16);
       if (in == DType::kFloat32 && precision == Precision::kDefault) o.simt_tile = g_simt_tile;
-      const Timed timed = TimeMedian(stream_, static_cast<int>(buffers->sets.size()), reps, [&](int set) {
+      options.push_back(o);
+    }
+    for (const GroupedGemmOptions& o : options) {
+      runs.push_back([&, o](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
       });
-      const double ms = timed.ms;
+    }
+    const std::vector<Timed> timed =
+        TimeVariants(stream_, static_cast<int>(buffers->sets.size()), reps, runs);
+    const double cublas_ms = timed[0].ms;
+    std::vector<Row> rows;
+    for (size_t v = 0; v < options.size(); ++v) {
+      const GroupedGemmOptions& o = options[v];
+      const KernelFamily family = o.family;
+      const double ms = timed[v].ms;
       Row r{"single", g_b_nxk ? label + " B nxk" : label, dtype,
             family == KernelFamily::kCublas ? "cuBLAS"
                                             : (family == KernelFamily::kPersistent ? "ours persistent"
                                                                                    : "ours one CTA/tile")};
       r.us = ms * 1e3;
-      r.host_us = timed.host_us;
+      r.host_us = timed[v].host_us;
       r.tflops = flops / (ms * 1e-3) / 1e12;
       if (family == KernelFamily::kCublas) {
-        cublas_ms = ms;
-        // Keep cuBLAS's result as the reference for the check below.
+        // cuBLAS's result, run once more on the first set, is the reference
+        // for the check below.
+        runs[v](0);
+        CHECK_CUDA(cudaStreamSynchronize(stream_));
         for (size_t i = 0; i < shapes.size(); ++i) {
           CopyD(ref->sets[0][i], buffers->sets[0][i], out);
         }
@@ -397,53 +476,72 @@ class Bench {
     const double flops = FlopsOf(shapes);
     const int sets = static_cast<int>(buffers->sets.size());
     const int reps = g_reps > 0 ? g_reps : (quick_ ? 10 : 30);
-    std::vector<Row> rows;
-    // cuBLAS, one call per problem.
-    GroupedGemmOptions o;
-    o.input = in;
-    o.output = out;
-    o.family = KernelFamily::kCublas;
-    const Timed loop = TimeMedian(stream_, sets, reps, [&](int set) {
-      CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
-    });
-    const double loop_ms = loop.ms;
-    for (size_t i = 0; i < shapes.size(); ++i) CopyD(ref->sets[0][i], buffers->sets[0][i], out);
-    // cuBLAS grouped.
-    const Timed grouped = CublasGrouped(*buffers, in, out, reps);
-    const double grouped_ms = grouped.ms;
-    const double best_cublas = std::min(loop_ms, grouped_ms);
-    rows.push_back({"grouped", label, "bfloat16", "cuBLAS per problem", loop_ms * 1e3,
-                    flops / (loop_ms * 1e-3) / 1e12, best_cublas / loop_ms});
-    rows.back().host_us = loop.host_us;
-    rows.push_back({"grouped", label, "bfloat16", "cublasGemmGroupedBatchedEx", grouped_ms * 1e3,
-                    flops / (grouped_ms * 1e-3) / 1e12, best_cublas / grouped_ms});
-    rows.back().host_us = grouped.host_us;
-    for (auto family : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
+    // cuBLAS, one call per problem; cuBLAS grouped; ours, persistent and one
+    // CTA per tile, each with the launcher's phases of every timed run.
+    GroupedGemmOptions loop_options;
+    loop_options.input = in;
+    loop_options.output = out;
+    loop_options.family = KernelFamily::kCublas;
+    std::vector<void**> grouped_ptrs;
+    const KernelFamily ours[] = {KernelFamily::kPersistent, KernelFamily::kNonPersistent};
+    std::vector<GroupedGemmOptions> options;
+    for (auto family : ours) {
+      GroupedGemmOptions o = loop_options;
       o.family = family;
       o.hopper_tile_n = g_tile_n;
       o.hopper_cluster = g_cluster;
       o.hopper_inline_problems = g_inline;
       o.hopper_edge_tiles = g_edge_tiles;
       o.hopper_pingpong = g_pingpong;  // Grouped rows are bfloat16.
-      LaunchReport report;
-      std::vector<double> plan, build, enqueue;
-      const Timed timed = TimeMedian(stream_, sets, reps, [&](int set) {
-        CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_, &report));
-        plan.push_back(report.hopper_plan_us);
-        build.push_back(report.hopper_build_us);
-        enqueue.push_back(report.hopper_enqueue_us);
+      options.push_back(o);
+    }
+    LaunchReport reports[2];
+    std::vector<double> plan[2], build[2], enqueue[2];
+    std::vector<std::function<void(int)>> runs = {
+        [&](int set) {
+          CHECK_OK(launcher_->Run(buffers->sets[set], loop_options, workspace_, workspace_bytes_,
+                                  stream_));
+        },
+        CublasGroupedRun(*buffers, in, out, &grouped_ptrs)};
+    for (int f = 0; f < 2; ++f) {
+      runs.push_back([&, f](int set) {
+        CHECK_OK(launcher_->Run(buffers->sets[set], options[f], workspace_, workspace_bytes_,
+                                stream_, &reports[f]));
+        plan[f].push_back(reports[f].hopper_plan_us);
+        build[f].push_back(reports[f].hopper_build_us);
+        enqueue[f].push_back(reports[f].hopper_enqueue_us);
       });
-      const double ms = timed.ms;
-      CHECK_OK(launcher_->Run(buffers->sets[0], o, workspace_, workspace_bytes_, stream_));
+    }
+    const std::vector<Timed> timed = TimeVariants(stream_, sets, reps, runs);
+    for (void** p : grouped_ptrs) cudaFree(p);
+    const double loop_ms = timed[0].ms, grouped_ms = timed[1].ms;
+    // The per-problem loop's result, run once more on the first set, is the
+    // reference for the check of ours.
+    runs[0](0);
+    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    for (size_t i = 0; i < shapes.size(); ++i) CopyD(ref->sets[0][i], buffers->sets[0][i], out);
+    const double best_cublas = std::min(loop_ms, grouped_ms);
+    std::vector<Row> rows;
+    rows.push_back({"grouped", label, "bfloat16", "cuBLAS per problem", loop_ms * 1e3,
+                    flops / (loop_ms * 1e-3) / 1e12, best_cublas / loop_ms});
+    rows.back().host_us = timed[0].host_us;
+    rows.push_back({"grouped", label, "bfloat16", "cublasGemmGroupedBatchedEx", grouped_ms * 1e3,
+                    flops / (grouped_ms * 1e-3) / 1e12, best_cublas / grouped_ms});
+    rows.back().host_us = timed[1].host_us;
+    for (int f = 0; f < 2; ++f) {
+      const double ms = timed[2 + f].ms;
+      LaunchReport report;
+      CHECK_OK(launcher_->Run(buffers->sets[0], options[f], workspace_, workspace_bytes_, stream_,
+                              &report));
       CHECK_CUDA(cudaStreamSynchronize(stream_));
       Row r{"grouped", label, "bfloat16",
-            absl::StrCat(family == KernelFamily::kPersistent ? "ours persistent" : "ours one CTA/tile",
+            absl::StrCat(ours[f] == KernelFamily::kPersistent ? "ours persistent" : "ours one CTA/tile",
                          " (", report.launches, " launch, ", report.hopper_tile, ")")};
       r.us = ms * 1e3;
-      r.host_us = timed.host_us;
-      r.plan_us = Median(plan);
-      r.build_us = Median(build);
-      r.enqueue_us = Median(enqueue);
+      r.host_us = timed[2 + f].host_us;
+      r.plan_us = Median(plan[f]);
+      r.build_us = Median(build[f]);
+      r.enqueue_us = Median(enqueue[f]);
       r.tflops = flops / (ms * 1e-3) / 1e12;
       r.ratio = best_cublas / ms;
       r.error = Compare(buffers->sets[0], ref->sets[0], out);
@@ -478,23 +576,37 @@ class Bench {
   }
 
  private:
-  Timed CublasGrouped(const Buffers& buffers, DType in, DType out, int reps) {
+  // One cublasGemmGroupedBatchedEx call over a buffer set of `buffers`, as
+  // a function of the set for TimeVariants. The device arrays of pointers
+  // it reads are added to `device_ptrs`, for the caller to free.
+  std::function<void(int)> CublasGroupedRun(const Buffers& buffers, DType in, DType out,
+                                            std::vector<void**>* device_ptrs) {
+    struct Call {
+      std::vector<cublasOperation_t> ops;
+      std::vector<int> m, n, k, lda, ldb, ldc, size;
+      std::vector<float> alpha, beta;
+    };
     const int count = static_cast<int>(buffers.sets[0].size());
-    std::vector<cublasOperation_t> ops(count, CUBLAS_OP_N);
-    std::vector<int> m(count), n(count), k(count), lda(count), ldb(count), ldc(count), size(count, 1);
-    std::vector<float> alpha(count, 1.0f), beta(count, 0.0f);
-    std::vector<void**> device_ptrs;
+    auto call = std::make_shared<Call>();
+    call->ops.assign(count, CUBLAS_OP_N);
+    for (auto* v : {&call->m, &call->n, &call->k, &call->lda, &call->ldb, &call->ldc}) {
+      v->resize(count);
+    }
+    call->size.assign(count, 1);
+    call->alpha.assign(count, 1.0f);
+    call->beta.assign(count, 0.0f);
+    const size_t first = device_ptrs->size();
     for (const auto& set : buffers.sets) {
       std::vector<const void*> host(3 * count);
       for (int i = 0; i < count; ++i) {
         const DeviceGemmProblem& p = set[i];
         // Column-major: D^T = B^T A^T.
-        m[i] = static_cast<int>(p.n);
-        n[i] = static_cast<int>(p.m);
-        k[i] = static_cast<int>(p.k);
-        lda[i] = static_cast<int>(p.ldb);
-        ldb[i] = static_cast<int>(p.lda);
-        ldc[i] = static_cast<int>(p.ldd);
+        call->m[i] = static_cast<int>(p.n);
+        call->n[i] = static_cast<int>(p.m);
+        call->k[i] = static_cast<int>(p.k);
+        call->lda[i] = static_cast<int>(p.ldb);
+        call->ldb[i] = static_cast<int>(p.lda);
+        call->ldc[i] = static_cast<int>(p.ldd);
         host[i] = p.b;
         host[count + i] = p.a;
         host[2 * count + i] = p.d;
@@ -502,22 +614,21 @@ class Bench {
       void** ptrs;
       CHECK_CUDA(cudaMalloc(&ptrs, host.size() * sizeof(void*)));
       CHECK_CUDA(cudaMemcpy(ptrs, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice));
-      device_ptrs.push_back(ptrs);
+      device_ptrs->push_back(ptrs);
     }
-    const Timed timed = TimeMedian(stream_, static_cast<int>(device_ptrs.size()), reps, [&](int set) {
-      void** ptrs = device_ptrs[set];
+    return [this, call, count, in, out, device_ptrs, first](int set) {
+      void** ptrs = (*device_ptrs)[first + set];
       const cublasStatus_t s = cublasGemmGroupedBatchedEx(
-          cublas_, ops.data(), ops.data(), m.data(), n.data(), k.data(), alpha.data(),
-          const_cast<const void* const*>(ptrs), CudaType(in), lda.data(),
-          const_cast<const void* const*>(ptrs + count), CudaType(in), ldb.data(), beta.data(),
-          ptrs + 2 * count, CudaType(out), ldc.data(), count, size.data(), CUBLAS_COMPUTE_32F);
+          cublas_, call->ops.data(), call->ops.data(), call->m.data(), call->n.data(),
+          call->k.data(), call->alpha.data(), const_cast<const void* const*>(ptrs), CudaType(in),
+          call->lda.data(), const_cast<const void* const*>(ptrs + count), CudaType(in),
+          call->ldb.data(), call->beta.data(), ptrs + 2 * count, CudaType(out), call->ldc.data(),
+          count, call->size.data(), CUBLAS_COMPUTE_32F);
       if (s != CUBLAS_STATUS_SUCCESS) {
         std::fprintf(stderr, "cublasGemmGroupedBatchedEx: %s\n", cublasGetStatusString(s));
         std::exit(1);
       }
-    });
-    for (void** p : device_ptrs) cudaFree(p);
-    return timed;
+    };
   }
 
   void Emit(const Row& r) {
@@ -551,6 +662,8 @@ int Main(int argc, char** argv) {
     else if (a.rfind("--dtype=", 0) == 0) dtypes_wanted.push_back(a.substr(8));
     else if (a == "--timing=isolated") g_timing = Timing::kIsolated;
     else if (a == "--timing=back-to-back") g_timing = Timing::kBackToBack;
+    else if (a == "--order=interleaved") g_order = Order::kInterleaved;
+    else if (a == "--order=blocked") g_order = Order::kBlocked;
     else if (a.rfind("--tile_n=", 0) == 0) g_tile_n = std::atoi(a.c_str() + 9);
     else if (a.rfind("--cluster=", 0) == 0) g_cluster = std::atoi(a.c_str() + 10);
     else if (a.rfind("--inline=", 0) == 0) g_inline = std::atoi(a.c_str() + 9);
@@ -582,9 +695,10 @@ int Main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("gemm-bench on %s (%d SMs), median of repeated runs, CUDA events, %s timing\n",
+  std::printf("gemm-bench on %s (%d SMs), median of repeated runs, CUDA events, %s timing, %s\n",
               prop.name, prop.multiProcessorCount,
-              g_timing == Timing::kBackToBack ? "back-to-back" : "isolated");
+              g_timing == Timing::kBackToBack ? "back-to-back" : "isolated",
+              g_order == Order::kBlocked ? "variants one after the other" : "variants interleaved");
   std::printf("%-8s %-22s %-9s %-44s %11s %8s %9s %7s %10s  %s\n", "group", "problem", "dtype",
               "variant", "us", "host us", "TFLOP/s", "x cuBLAS", "rel.err", "tiles");
   Bench bench(quick);
