@@ -430,8 +430,11 @@ constexpr double kPerTile = 2.0;
 // the same units: a unit writes one, the last unit reads every unit's.
 // Measured on the H200 (docs/BENCHMARKS.md, split-K round) at 5-7 (4 on
 // long K), whichever way the last unit sums them, so a split pays only
-// where K is long.
-constexpr double kPerPartial = 6.0;
+// where K is long. At 6, TF32 1024^3 took 128x128 tiles split 2 ways
+// (estimate 23.3 against 23.6 for unsplit 128x64 tiles), which ran 9%
+// slower than the 128x64 tiles on an H100 (2026-12-06, interleaved
+// timing); 7 keeps every other measured row's choice.
+constexpr double kPerPartial = 7.0;
 
 int64_t KBlocks(const DeviceGemmProblem& p, DType input) {
   return CeilDivPow2(p.k, 128 / static_cast<int64_t>(ElementSize(input)));
