@@ -499,8 +499,8 @@ __device__ __forceinline__ void WideTileOfLayout(const DeviceGemmProblem& p, int
 }
 
 // kAsync: 0 every fetch through registers, 1 float4 groups along n copied
-// straight to shared memory, 2 every element (WideOperand).
-template <int kBK, int kMinBlocks, int kAsync = 1>
+// straight to shared memory, 2 every element (WideOperand; shipped).
+template <int kBK, int kMinBlocks, int kAsync = 2>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) SimtWideGemm(SimtLaunch l) {
   __shared__ __align__(16) WideSlab<kBK> as[2];
   __shared__ __align__(16) WideSlab<kBK> bs[2];
@@ -655,8 +655,10 @@ cudaError_t LaunchSimtGemm(const SimtLaunch& l) {
     if (l.input != DType::kFloat32 || l.output != DType::kFloat32) return cudaErrorInvalidValue;
 #ifdef MATMUL_HOPPER_DIAG
     // gemm-bench-diag only: MATMUL_SIMT_WIDE=BK,BLOCKS[,FETCH] (8,2 / 16,1 /
-    // 16,2,regs / 16,2,copy4) times another slab depth, register budget or
-    // way of fetching (kAsync 0 or 2) against the shipped 16,2 with kAsync 1;
+    // 16,2,regs / 16,2,async / 16,2,copy4) times another slab depth,
+    // register budget or way of fetching (kAsync 0, 1 or 2) against the
+    // shipped 16,2 with kAsync 2 (16,2,copy4 is the shipped kernel, built
+    // the diagnostic way, as a control);
     // MATMUL_SIMT_WIDE=tall the 256 x 128 experiment (SimtTallGemm), one
     // block an SM (half the wide grid) or, without claims, one a wide tile.
     if (const char* v = std::getenv("MATMUL_SIMT_WIDE"); v != nullptr) {
@@ -668,6 +670,7 @@ cudaError_t LaunchSimtGemm(const SimtLaunch& l) {
       } else if (variant == "8,2") SimtWideGemm<8, 2><<<grid, kThreads, 0, l.stream>>>(l);
       else if (variant == "16,1") SimtWideGemm<16, 1><<<grid, kThreads, 0, l.stream>>>(l);
       else if (variant == "16,2,regs") SimtWideGemm<16, 2, 0><<<grid, kThreads, 0, l.stream>>>(l);
+      else if (variant == "16,2,async") SimtWideGemm<16, 2, 1><<<grid, kThreads, 0, l.stream>>>(l);
       else if (variant == "16,2,copy4") SimtWideGemm<16, 2, 2><<<grid, kThreads, 0, l.stream>>>(l);
       else return cudaErrorInvalidValue;
       return cudaGetLastError();
@@ -678,8 +681,11 @@ cudaError_t LaunchSimtGemm(const SimtLaunch& l) {
     // (docs/BENCHMARKS.md, thirteenth round). Operands along n copied
     // straight to shared memory (kAsync 1): 0.80x, against 0.78x through
     // registers (kAsync 0) and 0.79x with every element copied (kAsync 2;
-    // fourteenth round).
-    SimtWideGemm<16, 2><<<l.grid, kThreads, 0, l.stream>>>(l);
+    // fourteenth round). Since the tile geometry is built once a tile
+    // (WideMatrix), kAsync 2 is the one without spills (kAsync 1 spills 48
+    // bytes) and ran 0.83-0.89x against kAsync 1's 0.79-0.85x in two
+    // alternating rounds on an H100 (fifteenth round).
+    SimtWideGemm<16, 2, 2><<<l.grid, kThreads, 0, l.stream>>>(l);
     return cudaGetLastError();
   }
   if (l.tile != kSimtTile) return cudaErrorInvalidValue;
