@@ -101,6 +101,7 @@
 #include <vector>
 
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/tile_counters.cuh"
 #include "kernels/cuda/wgmma_ops.cuh"
 
 namespace matmul::cuda {
@@ -854,13 +855,8 @@ __device__ void Schedule(const Params& p, const Smem<BN>& sm) {
         MbarArrive(&sm.info_full[slot]);
         if (kCluster == 1 && dynamic && Inline(p)) {
           // This CTA's claims are over. The last CTA to get here sets the
-          // counters back to zero for the next launch on the stream (each
-          // CTA's last claim comes before its count, in every CTA's order).
-          __threadfence();
-          if (atomicAdd(p.tile_counter + 1, 1u) == gridDim.x - 1) {
-            atomicExch(p.tile_counter, 0u);
-            atomicExch(p.tile_counter + 1, 0u);
-          }
+          // counters back to zero for the next launch on the stream.
+          CountOutOfTileClaims(p.tile_counter);
         }
       }
       break;

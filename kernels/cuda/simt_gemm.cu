@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/tile_counters.cuh"
 
 namespace matmul::cuda {
 namespace {
@@ -102,15 +103,10 @@ class TileClaims {
   __device__ int Next(int i) const { return slots_[i & 1]; }
 
   // After the block's last claim: the last block to finish claiming sets
-  // the counters back to zero for the next launch (every block's claims
-  // come before its count).
+  // the counters back to zero for the next launch (CountOutOfTileClaims).
   __device__ void Done() {
     if (threadIdx.x != 0 || counter_ == nullptr) return;
-    __threadfence();  // This block's claims before its count, for every block.
-    if (atomicAdd(counter_ + 1, 1u) == gridDim.x - 1) {
-      atomicExch(counter_, 0u);
-      atomicExch(counter_ + 1, 0u);
-    }
+    CountOutOfTileClaims(counter_);
   }
 
  private:
