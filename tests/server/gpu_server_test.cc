@@ -149,5 +149,117 @@ TEST(GpuServerTest, RequestLargerThanTheDeviceBudgetIsRefusedAndServingGoesOn) {
   ExpectCorrect(fine, c->Multiply(fine), "after the refusal");
 }
 
+// The GPUs a default server (--devices unset: every visible GPU) lists, or
+// 0 where no CUDA server starts here.
+int VisibleGpus() {
+  std::string why;
+  auto probe = StartCudaServer({}, &why);
+  if (probe == nullptr) return 0;
+  auto c = client::MatmulClient::Create({.target = probe->target()});
+  if (!c.ok()) return 0;
+  auto info = (*c)->GetServerInfo();
+  return info.ok() ? info->devices_size() : 0;
+}
+
+// Sends `callers` x `each` random small products at once, each checked
+// against the float64 reference; returns the status of every call (OK
+// only where the result was also right).
+std::vector<absl::Status> CallConcurrently(client::MatmulClient& c, int callers, int each) {
+  std::vector<absl::Status> statuses(static_cast<size_t>(callers) * each);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < callers; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(std::random_device{}() + t);
+      std::uniform_int_distribution<int64_t> dim(1, 300);
+      for (int i = 0; i < each; ++i) {
+        client::ProblemSpec spec{.m = dim(rng), .n = dim(rng), .k = dim(rng)};
+        spec.dtype = (t + i) % 2 ? DType::kBFloat16 : DType::kFloat32;
+        const auto request = client::RandomRequest(spec, rng);
+        auto response = c.Multiply(request);
+        absl::Status& s = statuses[static_cast<size_t>(t) * each + i];
+        if (!response.ok()) {
+          s = response.status();
+          continue;
+        }
+        absl::StatusOr<double> err = client::CheckResponse(request, *response);
+        absl::StatusOr<GemmProblem> p = client::ProblemOf(request);
+        if (!err.ok()) s = err.status();
+        else if (*err > ErrorBound(p->input_type, p->output_type, p->precision)) {
+          s = absl::DataLossError(absl::StrCat("relative error ", *err));
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return statuses;
+}
+
+// Multi-GPU hosts (issue: the multi-GPU run): a default server serves from
+// every GPU, each GPU's worker takes batches under load, and every result
+// is right. Skips, saying so, on a host of fewer than two GPUs.
+TEST(GpuServerTest, EveryGpuOfTheHostServes) {
+  const int gpus = VisibleGpus();
+  if (gpus < 2) {
+    GTEST_SKIP() << "needs two or more GPUs; this host's CUDA server lists " << gpus;
+  }
+  START_OR_SKIP(server, {"--max_queue_delay_us=500"});
+  auto c = *client::MatmulClient::Create({.target = server->target(), .channels = 8});
+  auto info = c->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->devices_size(), gpus);
+  for (const auto& d : info->devices()) {
+    EXPECT_EQ(d.kind(), "cuda") << d.id();
+    EXPECT_TRUE(d.healthy()) << d.id();
+  }
+  for (const absl::Status& s : CallConcurrently(*c, 64 * gpus, 8)) EXPECT_TRUE(s.ok()) << s;
+  const std::string metrics = HttpGet(server->metrics_port(), "/metrics");
+  for (const auto& d : info->devices()) {
+    EXPECT_GT(MetricSum(metrics, absl::StrCat("matmul_compute_duration_seconds_count{device=\"",
+                                              d.id(), "\"}")),
+              0)
+        << d.id() << " took no batch";
+  }
+}
+
+// One worker made to fail (--inject_device_failure) fails only its own
+// batch; it turns unhealthy in GetServerInfo and the metrics, and the
+// others go on serving. On a host of several GPUs the last GPU fails; on
+// one GPU, the second of two workers on it (--devices=0,0).
+TEST(GpuServerTest, AFailedGpuWorkerFailsOnlyItsBatchAndTheOthersKeepServing) {
+  const int gpus = VisibleGpus();
+  // One batch at a time a worker, so that the failing worker has exactly
+  // one batch in hand when it fails.
+  std::vector<std::string> flags = {"--max_batch_size=1", "--lanes_per_device=1"};
+  std::string failing;
+  if (gpus >= 2) {
+    failing = absl::StrCat("cuda:", gpus - 1);
+  } else {
+    flags.push_back("--devices=0,0");
+    failing = "cuda:0/1";
+  }
+  flags.push_back(absl::StrCat("--inject_device_failure=", failing, "@0"));
+  START_OR_SKIP(server, flags);
+  auto c = *client::MatmulClient::Create({.target = server->target(), .channels = 4});
+  int internal = 0;
+  for (int round = 0; round < 20 && internal == 0; ++round) {
+    for (const absl::Status& s : CallConcurrently(*c, 16, 2)) {
+      if (s.code() == absl::StatusCode::kInternal) {
+        ++internal;
+        EXPECT_THAT(std::string(s.message()), HasSubstr(failing));
+      } else {
+        EXPECT_TRUE(s.ok()) << s;
+      }
+    }
+  }
+  EXPECT_EQ(internal, 1) << "the failing worker's one batch";
+  for (const absl::Status& s : CallConcurrently(*c, 16, 4)) EXPECT_TRUE(s.ok()) << s;
+  auto info = c->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  for (const auto& d : info->devices()) EXPECT_EQ(d.healthy(), d.id() != failing) << d.id();
+  const std::string metrics = HttpGet(server->metrics_port(), "/metrics");
+  EXPECT_THAT(metrics, HasSubstr(absl::StrCat("matmul_device_healthy{device=\"", failing, "\"} 0")));
+  EXPECT_THAT(metrics, HasSubstr("matmul_device_healthy{device=\"cuda:0\"} 1"));
+}
+
 }  // namespace
 }  // namespace matmul
