@@ -241,55 +241,18 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// What TimeMedian measured.
+// What TimeVariants measured of one variant.
 struct Timed {
   double ms = 0;       // Median device time of one run (CUDA events).
   double host_us = 0;  // Median host time of one run() call: the launcher's
                        // own planning, table building and enqueueing.
 };
 
-// Median device and host times of `run(set)` over `reps` timed runs after
-// warm-up.
-Timed TimeMedian(cudaStream_t stream, int sets, int reps, const std::function<void(int)>& run) {
-  for (int i = 0; i < 3; ++i) run(i % sets);
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<float> ms;
-  std::vector<double> host_us;
-  const int per = g_timing == Timing::kBackToBack ? kBatch : 1;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(start, stream);
-    for (int j = 0; j < per; ++j) {
-      const auto t0 = std::chrono::steady_clock::now();
-      run((i * per + j) % sets);
-      host_us.push_back(
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-    }
-    cudaEventRecord(stop, stream);
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float t;
-    cudaEventElapsedTime(&t, start, stop);
-    ms.push_back(t / per);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  std::sort(host_us.begin(), host_us.end());
-  return {ms[ms.size() / 2], host_us[host_us.size() / 2]};
-}
-
-// Times every function of `runs` as TimeMedian does, `reps` timed runs each:
-// one after the other (--order=blocked) or interleaved, repetition by
-// repetition (the default; see Order).
-std::vector<Timed> TimeVariants(cudaStream_t stream, int sets, int reps,
-                                const std::vector<std::function<void(int)>>& runs) {
-  std::vector<Timed> timed;
-  if (g_order == Order::kBlocked) {
-    for (const auto& run : runs) timed.push_back(TimeMedian(stream, sets, reps, run));
-    return timed;
-  }
+// Median device and host times of each function of `runs`, called with a
+// buffer set, over `reps` timed runs after warm-up, interleaved: repetition
+// i runs every function once, the (i mod size)-th first (see Order).
+std::vector<Timed> TimeInterleaved(cudaStream_t stream, int sets, int reps,
+                                   const std::vector<std::function<void(int)>>& runs) {
   const int variants = static_cast<int>(runs.size());
   for (const auto& run : runs) {
     for (int i = 0; i < 3; ++i) run(i % sets);
@@ -298,8 +261,7 @@ std::vector<Timed> TimeVariants(cudaStream_t stream, int sets, int reps,
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  std::vector<std::vector<float>> ms(variants);
-  std::vector<std::vector<double>> host_us(variants);
+  std::vector<std::vector<double>> ms(variants), host_us(variants);
   const int per = g_timing == Timing::kBackToBack ? kBatch : 1;
   for (int i = 0; i < reps; ++i) {
     for (int j = 0; j < variants; ++j) {
@@ -321,9 +283,18 @@ std::vector<Timed> TimeVariants(cudaStream_t stream, int sets, int reps,
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  for (int v = 0; v < variants; ++v) {
-    timed.push_back({Median(std::vector<double>(ms[v].begin(), ms[v].end())), Median(host_us[v])});
-  }
+  std::vector<Timed> timed;
+  for (int v = 0; v < variants; ++v) timed.push_back({Median(ms[v]), Median(host_us[v])});
+  return timed;
+}
+
+// Times every function of `runs`, `reps` timed runs each: interleaved (the
+// default) or one function's runs after the other's (--order=blocked).
+std::vector<Timed> TimeVariants(cudaStream_t stream, int sets, int reps,
+                                const std::vector<std::function<void(int)>>& runs) {
+  if (g_order == Order::kInterleaved) return TimeInterleaved(stream, sets, reps, runs);
+  std::vector<Timed> timed;
+  for (const auto& run : runs) timed.push_back(TimeInterleaved(stream, sets, reps, {run})[0]);
   return timed;
 }
 
@@ -357,7 +328,7 @@ double Compare(const std::vector<DeviceGemmProblem>& ours, const std::vector<Dev
 struct Row {
   std::string group, name, dtype, variant;
   double us = 0, tflops = 0, ratio = 0, error = -1;
-  double host_us = 0;  // Median host time of one call (TimeMedian).
+  double host_us = 0;  // Median host time of one call (TimeVariants).
   // Medians of the launcher's own phases of our grouped rows
   // (LaunchReport::hopper_*_us; JSON only).
   double plan_us = 0, build_us = 0, enqueue_us = 0;
