@@ -7,8 +7,8 @@
 // Float32 launches with enough work take 128 x 128 tiles instead, 8 x 8
 // outputs a thread read from shared memory as float4 (SimtWideGemm): with
 // 4 x 4, two shared loads feed each FMA pair and the kernel ran at about a
-// third of cuBLAS's SGEMM on an H100; the wide tiles, with float4 fetches
-// and copies straight to shared memory, run at 0.8x (docs/BENCHMARKS.md).
+// third of cuBLAS's SGEMM on an H100; the wide tiles, whose fetches are
+// copied straight to shared memory, run at 0.82-0.89x (docs/BENCHMARKS.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -522,11 +522,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SimtWideGemm(SimtLaunch 
 #ifdef MATMUL_HOPPER_DIAG
 // ---- Diagnostic builds only: 256 x 128 tiles, 16 x 8 outputs a thread --------
 //
-// An experiment for exact float32, not yet measured: the shape of cuBLAS's
+// An experiment for exact float32, measured slower than the wide kernel
+// (0.76-0.78x cuBLAS against 0.82-0.89x, H100, fifteenth round; not
+// profiled: perhaps one block an SM has too little to overlap its slab
+// waits with): the shape of cuBLAS's
 // SGEMM kernel on Hopper (Nsight Compute: 256 x 128 x 8 tiles, 3 stages, 8
 // warps, 254 registers, one block an SM, 87% of issue slots busy against
 // the wide kernel's 72%). A thread's 128 accumulators give each k-step 128
-// independent FMAs for 6 shared loads (the wide kernel: 64 for 4), enough
+// independent FMAs for 6 shared loads (the wide kernel: 64 for 4), meant
 // to hide the loads' latency with two warps a scheduler. Every fetch goes
 // straight to shared memory (cp.async) in a 3-slab ring, so nothing is
 // staged in registers. Only what gemm-bench's single rows need: one

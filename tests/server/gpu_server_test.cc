@@ -150,15 +150,18 @@ TEST(GpuServerTest, RequestLargerThanTheDeviceBudgetIsRefusedAndServingGoesOn) {
 }
 
 // The GPUs a default server (--devices unset: every visible GPU) lists, or
-// 0 where no CUDA server starts here.
+// 0 where no CUDA server starts here. Probed once, for every test that asks.
 int VisibleGpus() {
-  std::string why;
-  auto probe = StartCudaServer({}, &why);
-  if (probe == nullptr) return 0;
-  auto c = client::MatmulClient::Create({.target = probe->target()});
-  if (!c.ok()) return 0;
-  auto info = (*c)->GetServerInfo();
-  return info.ok() ? info->devices_size() : 0;
+  static const int gpus = [] {
+    std::string why;
+    auto probe = StartCudaServer({}, &why);
+    if (probe == nullptr) return 0;
+    auto c = client::MatmulClient::Create({.target = probe->target()});
+    if (!c.ok()) return 0;
+    auto info = (*c)->GetServerInfo();
+    return info.ok() ? info->devices_size() : 0;
+  }();
+  return gpus;
 }
 
 // Sends `callers` x `each` random small products at once, each checked
