@@ -828,20 +828,18 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     selected.reserve(problems.size());
   }
   size_t transpose_at = layout.transposes;
+  // TF32 wgmma reads K-major operands only: the others are copied K-major
+  // into the workspace, all of the batch's copies in as few launches as
+  // LaunchTransposes32 needs.
+  std::vector<TransposeJob> copies;
   for (size_t i = 0; i < problems.size() && !as_given; ++i) {
     if (paths[i] != Path::kHopper) continue;
     DeviceGemmProblem p = problems[i];
     if (options.input == DType::kFloat32) {
-      // TF32 wgmma reads K-major operands only: re-lay out the others.
       if (p.transpose_a) {  // Stored k x m -> m x k.
         const int64_t ld = AlignUp(p.k * 4, 16) / 4;
         auto* dst = reinterpret_cast<float*>(ws + transpose_at);
-        if (auto s = check(LaunchTranspose32(static_cast<const float*>(p.a), p.k, p.m, p.lda, dst,
-                                             ld, stream));
-            !s.ok()) {
-          return s;
-        }
-        ++r.launches;
+        copies.push_back({static_cast<const float*>(p.a), dst, p.k, p.m, p.lda, ld});
         p.a = dst;
         p.lda = ld;
         p.transpose_a = false;
@@ -850,12 +848,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
       if (!p.transpose_b) {  // Stored k x n -> n x k.
         const int64_t ld = AlignUp(p.k * 4, 16) / 4;
         auto* dst = reinterpret_cast<float*>(ws + transpose_at);
-        if (auto s = check(LaunchTranspose32(static_cast<const float*>(p.b), p.k, p.n, p.ldb, dst,
-                                             ld, stream));
-            !s.ok()) {
-          return s;
-        }
-        ++r.launches;
+        copies.push_back({static_cast<const float*>(p.b), dst, p.k, p.n, p.ldb, ld});
         p.b = dst;
         p.ldb = ld;
         p.transpose_b = true;
@@ -866,6 +859,13 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
       }
     }
     selected.push_back(p);
+  }
+  if (!copies.empty()) {
+    if (auto s = check(LaunchTransposes32(copies.data(), static_cast<int>(copies.size()), stream,
+                                          &r.launches));
+        !s.ok()) {
+      return s;
+    }
   }
   if (!as_given) hopper = selected;
   if (!hopper.empty()) {

@@ -175,10 +175,23 @@ cudaError_t LaunchSimtGemm(const SimtLaunch& launch);
 
 // ---- Helpers -----------------------------------------------------------------
 
-// out (cols x rows, leading dimension ldo) = in^T for a rows x cols float
-// matrix with leading dimension ldi.
-cudaError_t LaunchTranspose32(const float* in, int64_t rows, int64_t cols, int64_t ldi, float* out,
-                              int64_t ldo, cudaStream_t stream);
+// One matrix for LaunchTransposes32: out (cols x rows, leading dimension
+// ldo) = in^T for a rows x cols float matrix with leading dimension ldi.
+struct TransposeJob {
+  const float* in = nullptr;
+  float* out = nullptr;
+  int64_t rows = 0, cols = 0, ldi = 0, ldo = 0;
+};
+
+// Jobs that one launch of LaunchTransposes32 takes (in its parameters).
+constexpr int kTransposesPerLaunch = 32;
+
+// Every job of `jobs` (the TF32 copies of a whole batch) in at most
+// ceil(count / kTransposesPerLaunch) launches, whose number is added to
+// `*launches`: one launch a matrix cost a batch of many small problems a
+// launch per operand.
+cudaError_t LaunchTransposes32(const TransposeJob* jobs, int count, cudaStream_t stream,
+                               int* launches);
 
 }  // namespace matmul::cuda
 

@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -707,29 +708,56 @@ cudaError_t LaunchSimtGemm(const SimtLaunch& l) {
 
 namespace {
 
-__global__ void Transpose32(const float* in, int64_t rows, int64_t cols, int64_t ldi, float* out,
-                            int64_t ldo) {
+// Up to kTransposesPerLaunch matrices in one launch: block b takes 32 x 32
+// tile b - first[j] of the job j with first[j] <= b < first[j + 1].
+struct TransposeBatch {
+  TransposeJob jobs[kTransposesPerLaunch];
+  int64_t first[kTransposesPerLaunch + 1];  // Each job's first block; the last: all blocks.
+  int count;
+};
+
+__global__ void Transposes32(const __grid_constant__ TransposeBatch batch) {
   __shared__ float tile[32][33];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * 32;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * 32;
+  const int64_t block = blockIdx.x;
+  int j = 0;
+  while (j + 1 < batch.count && batch.first[j + 1] <= block) ++j;
+  const TransposeJob& job = batch.jobs[j];
+  const int64_t local = block - batch.first[j];
+  const int64_t tiles_x = (job.cols + 31) / 32;
+  const int64_t r0 = local / tiles_x * 32, c0 = local % tiles_x * 32;
   for (int i = threadIdx.y; i < 32; i += 8) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * ldi + c];
+    if (r < job.rows && c < job.cols) tile[i][threadIdx.x] = job.in[r * job.ldi + c];
   }
   __syncthreads();
   for (int i = threadIdx.y; i < 32; i += 8) {
     const int64_t c = c0 + i, r = r0 + threadIdx.x;
-    if (r < rows && c < cols) out[c * ldo + r] = tile[threadIdx.x][i];
+    if (r < job.rows && c < job.cols) job.out[c * job.ldo + r] = tile[threadIdx.x][i];
   }
 }
 
 }  // namespace
 
-cudaError_t LaunchTranspose32(const float* in, int64_t rows, int64_t cols, int64_t ldi, float* out,
-                              int64_t ldo, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
-  Transpose32<<<grid, dim3(32, 8), 0, stream>>>(in, rows, cols, ldi, out, ldo);
-  return cudaGetLastError();
+cudaError_t LaunchTransposes32(const TransposeJob* jobs, int count, cudaStream_t stream,
+                               int* launches) {
+  for (int at = 0; at < count; at += kTransposesPerLaunch) {
+    TransposeBatch batch{};
+    batch.count = std::min(count - at, kTransposesPerLaunch);
+    int64_t blocks = 0;
+    for (int j = 0; j < batch.count; ++j) {
+      const TransposeJob& job = jobs[at + j];
+      batch.jobs[j] = job;
+      batch.first[j] = blocks;
+      blocks += ((job.rows + 31) / 32) * ((job.cols + 31) / 32);
+    }
+    batch.first[batch.count] = blocks;
+    if (blocks == 0) continue;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    Transposes32<<<static_cast<unsigned>(blocks), dim3(32, 8), 0, stream>>>(batch);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    ++*launches;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace matmul::cuda

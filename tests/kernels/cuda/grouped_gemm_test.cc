@@ -188,6 +188,26 @@ TEST_F(GroupedGemmTest, Tf32CopiesOfEveryStoredLayout) {
               KernelFamily::kPersistent, 0, "TF32 copies");
 }
 
+// A batch's TF32 copies go in a few launches (kTransposesPerLaunch matrices
+// each), not one an operand: 70 problems with both operands stored
+// MN-major make 140 copies, in 5 launches, then the Hopper kernel's.
+TEST_F(GroupedGemmTest, Tf32CopiesOfABatchTakeFewLaunches) {
+  std::uniform_int_distribution<int64_t> dim(1, 40);
+  std::vector<HostProblem> batch;
+  for (int i = 0; i < 70; ++i) {
+    // Multiples of 4 keep the stored rows 16-byte aligned (Hopper path).
+    batch.push_back(MakeHostProblem(4 * dim(rng_), 4 * dim(rng_), 4 * dim(rng_), DType::kFloat32,
+                                    DType::kFloat32, rng_, true, false, 1.0, i % 3 == 0 ? 0.5 : 0.0));
+  }
+  const LaunchReport report = RunAndCheck(batch, DType::kFloat32, DType::kFloat32,
+                                          Precision::kTF32, KernelFamily::kPersistent, 0,
+                                          "70 TF32 problems stored MN-major");
+  if (!launcher_->has_hopper_kernels()) return;
+  EXPECT_EQ(report.hopper_problems, 70);
+  const int copy_launches = (140 + kTransposesPerLaunch - 1) / kTransposesPerLaunch;
+  EXPECT_LE(report.launches, copy_launches + 2);
+}
+
 TEST_F(GroupedGemmTest, OutputTypes) {
   for (DType in : {DType::kBFloat16, DType::kFloat16}) {
     for (DType out : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
