@@ -6,6 +6,7 @@
 //              [--tile_n=256|128|64] [--cluster=1|2] [--b_stored=kxn|nxk]
 //              [--inline=N] [--split_k=N] [--edge_tiles=0|1] [--reps=N]
 //              [--row_align=BYTES] [--pingpong=0|1] [--simt_tile=0|64|128]
+//              [--tf32_register_a=0|1]
 //
 // --size picks single-problem rows by label (4096^3) and grouped batches by
 // their problem count (256, 1024, 64); a label MxNxK not in the table (such
@@ -24,7 +25,10 @@
 // 128x128 tiles). --simt_tile=N sets GroupedGemmOptions::simt_tile for the
 // exact float32 rows (0, the default: the launcher picks). --edge_tiles=0|1 sets GroupedGemmOptions::hopper_edge_tiles
 // for every row of ours (edge tiles run narrower MMAs; on by default), so
-// that one build measures both ways. --reps=N times every row N times instead of the
+// that one build measures both ways. --tf32_register_a=0|1 sets
+// GroupedGemmOptions::hopper_tf32_register_a for the TF32 rows (1, the
+// default: A stored k x m through registers, B stored k x n by D^T = B^T A^T;
+// 0: copies of both K-major first). --reps=N times every row N times instead of the
 // default count (for a host profile of the launcher, say: CPUPROFILE with
 // many repetitions).
 //
@@ -226,6 +230,8 @@ int g_split_k = 0;
 bool g_b_nxk = false;
 // GroupedGemmOptions::hopper_edge_tiles (--edge_tiles).
 bool g_edge_tiles = GroupedGemmOptions().hopper_edge_tiles;
+// GroupedGemmOptions::hopper_tf32_register_a (--tf32_register_a).
+bool g_tf32_register_a = GroupedGemmOptions().hopper_tf32_register_a;
 // Timed runs per row (--reps); 0: the default for the row and mode.
 int g_reps = 0;
 // GroupedGemmOptions::hopper_pingpong (--pingpong).
@@ -376,6 +382,7 @@ class Bench {
       o.hopper_inline_problems = g_inline;
       o.hopper_split_k = g_split_k;
       o.hopper_edge_tiles = g_edge_tiles;
+      o.hopper_tf32_register_a = g_tf32_register_a;
       o.hopper_pingpong = g_pingpong && family != KernelFamily::kCublas &&
                           (in == DType::kBFloat16 || in == DType::kFloat16);
       if (in == DType::kFloat32 && precision == Precision::kDefault) o.simt_tile = g_simt_tile;
@@ -394,7 +401,9 @@ class Bench {
       const GroupedGemmOptions& o = options[v];
       const KernelFamily family = o.family;
       const double ms = timed[v].ms;
-      Row r{"single", g_b_nxk ? label + " B nxk" : label, dtype,
+      // TF32 rows with the copies K-major instead of the register path say so.
+      const std::string copies = dtype == "tf32" && !g_tf32_register_a ? " copies" : "";
+      Row r{"single", (g_b_nxk ? label + " B nxk" : label) + copies, dtype,
             family == KernelFamily::kCublas ? "cuBLAS"
                                             : (family == KernelFamily::kPersistent ? "ours persistent"
                                                                                    : "ours one CTA/tile")};
@@ -643,6 +652,8 @@ int Main(int argc, char** argv) {
     else if (a == "--edge_tiles=0") g_edge_tiles = false;
     else if (a == "--pingpong=1") g_pingpong = true;
     else if (a == "--pingpong=0") g_pingpong = false;
+    else if (a == "--tf32_register_a=1") g_tf32_register_a = true;
+    else if (a == "--tf32_register_a=0") g_tf32_register_a = false;
     else if (a.rfind("--simt_tile=", 0) == 0) g_simt_tile = std::atoi(a.c_str() + 12);
     else if (a.rfind("--reps=", 0) == 0) g_reps = std::atoi(a.c_str() + 7);
     else if (a.rfind("--row_align=", 0) == 0) g_row_align = std::atoll(a.c_str() + 12);

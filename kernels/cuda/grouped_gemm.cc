@@ -71,12 +71,88 @@ struct WorkspaceLayout {
   size_t total = 0;
 };
 
+// ---- TF32 operands stored MN-major ------------------------------------------
+// TF32 wgmma reads an operand from shared memory only K-major. An A stored
+// k x m can instead go through registers (the kernel loads wgmma's register
+// fragment from its TMA tile); a B stored k x n cannot, but D = A B is also
+// D^T = B^T A^T, where that B is an A stored k x m. What is left is copied
+// K-major before the launch (GroupedGemmOptions::hopper_tf32_register_a).
+
+// The operands of TF32 problem `p` that the launcher copies K-major.
+struct Tf32Copies {
+  bool a = false;
+  bool b = false;
+};
+
+Tf32Copies Tf32CopiesOf(const DeviceGemmProblem& p, bool register_a) {
+  if (!register_a) return {p.transpose_a, !p.transpose_b};
+  // TMA reads rows that start on 16 bytes; a copy's rows do.
+  auto aligned = [](const void* base, int64_t ld) {
+    return reinterpret_cast<uintptr_t>(base) % 16 == 0 && (ld * 4) % 16 == 0;
+  };
+  Tf32Copies c;
+  c.a = p.transpose_a && !aligned(p.a, p.lda);
+  // A B stored k x n beside an A that stays stored k x m (both go through
+  // registers only as A) is copied, as is one whose rows are not aligned.
+  c.b = !p.transpose_b && ((p.transpose_a && !c.a) || !aligned(p.b, p.ldb));
+  return c;
+}
+
+// Leading dimension of the K-major copy of an operand with `k` columns
+// (rows padded to 16 bytes), and the bytes of `rows` such rows.
+int64_t Tf32CopyLd(int64_t k) { return AlignUp(k * 4, 16) / 4; }
+size_t Tf32CopyBytes(int64_t rows, int64_t k) {
+  return AlignUp(static_cast<size_t>(rows) * Tf32CopyLd(k) * 4);
+}
+
 // Bytes of the K-major copies TF32 needs for `p` (0 when none).
-size_t Tf32TransposeBytes(const DeviceGemmProblem& p) {
-  size_t bytes = 0;
-  if (p.transpose_a) bytes += AlignUp(static_cast<size_t>(p.m) * AlignUp(p.k * 4, 16));
-  if (!p.transpose_b) bytes += AlignUp(static_cast<size_t>(p.n) * AlignUp(p.k * 4, 16));
-  return bytes;
+size_t Tf32TransposeBytes(const DeviceGemmProblem& p, bool register_a) {
+  const Tf32Copies c = Tf32CopiesOf(p, register_a);
+  return (c.a ? Tf32CopyBytes(p.m, p.k) : 0) + (c.b ? Tf32CopyBytes(p.n, p.k) : 0);
+}
+
+// D^T = op(B)^T op(A)^T as a problem: m and n, A and B swap, each operand's
+// storage read the other way round, and D (and C) stored transposed.
+DeviceGemmProblem Transposed(const DeviceGemmProblem& p) {
+  DeviceGemmProblem t = p;
+  t.m = p.n;
+  t.n = p.m;
+  t.a = p.b;
+  t.lda = p.ldb;
+  t.transpose_a = !p.transpose_b;  // B stored k x n: an A stored k x m.
+  t.b = p.a;
+  t.ldb = p.lda;
+  t.transpose_b = !p.transpose_a;  // A stored m x k: a B stored n x k.
+  t.transpose_d = !p.transpose_d;
+  return t;
+}
+
+// TF32 problem `p` as the Hopper kernel takes it: the operands that
+// Tf32CopiesOf names read from their copies at `copy_a` and `copy_b` (null
+// when only sizing: they are 16-byte aligned either way), and a B still
+// stored k x n read as the A of D^T = B^T A^T.
+DeviceGemmProblem Tf32AsRun(const DeviceGemmProblem& p, bool register_a, const float* copy_a,
+                            const float* copy_b) {
+  DeviceGemmProblem r = p;
+  const Tf32Copies c = Tf32CopiesOf(p, register_a);
+  if (c.a) {
+    r.a = copy_a;
+    r.lda = Tf32CopyLd(p.k);
+    r.transpose_a = false;
+  }
+  if (c.b) {
+    r.b = copy_b;
+    r.ldb = Tf32CopyLd(p.k);
+    r.transpose_b = true;
+  }
+  return r.transpose_b ? r : Transposed(r);
+}
+
+// Problem `p` as the Hopper kernel takes it (Tf32AsRun for TF32 inputs),
+// for sizing: tiles, the split-K tail and eligibility.
+DeviceGemmProblem HopperAsRun(const DeviceGemmProblem& p, const GroupedGemmOptions& o) {
+  if (o.input != DType::kFloat32) return p;
+  return Tf32AsRun(p, o.hopper_tf32_register_a, nullptr, nullptr);
 }
 
 using Encoder = PFN_cuTensorMapEncodeTiled_v12000;
@@ -346,9 +422,11 @@ cudaError_t EncodeHopperMaps(DType input, DType output, int tile_n, int cluster,
   if (a != CUDA_SUCCESS || b != CUDA_SUCCESS) return cudaErrorInvalidValue;
   const uint64_t out_size = ElementSize(output);
   if (reinterpret_cast<uintptr_t>(p.d) % 16 == 0 && (p.ldd * out_size) % 16 == 0) {
-    // Boxes of 128 bytes of a row by 64 rows.
+    // Boxes of 128 bytes of a row by 64 rows; D stored m x n, or n x m.
     const uint32_t box0 = 128 / static_cast<uint32_t>(out_size);
-    if (Encode2d(encode, &maps[2], out_type, p.d, p.n, p.m, p.ldd * out_size, box0, 64) !=
+    const uint64_t rows = static_cast<uint64_t>(p.transpose_d ? p.n : p.m);
+    const uint64_t cols = static_cast<uint64_t>(p.transpose_d ? p.m : p.n);
+    if (Encode2d(encode, &maps[2], out_type, p.d, cols, rows, p.ldd * out_size, box0, 64) !=
         CUDA_SUCCESS) {
       return cudaErrorInvalidValue;
     }
@@ -358,20 +436,10 @@ cudaError_t EncodeHopperMaps(DType input, DType output, int tile_n, int cluster,
 
 namespace {
 
-// True when the Hopper kernel can take `p`, counting the K-major copies that
-// the launcher makes of TF32 operands stored MN-major.
-bool HopperReady(const DeviceGemmProblem& p, DType input) {
-  if (input != DType::kFloat32) return GroupedGemmLauncher::HopperEligible(p, input);
-  DeviceGemmProblem relaid = p;
-  if (p.transpose_a) {  // Copied to an aligned buffer.
-    relaid.a = nullptr;
-    relaid.lda = 4;
-  }
-  if (!p.transpose_b) {
-    relaid.b = nullptr;
-    relaid.ldb = 4;
-  }
-  return GroupedGemmLauncher::HopperEligible(relaid, input);
+// True when the Hopper kernel can take `p` as the launcher lays it out for
+// it (HopperAsRun: TF32 copies and transposed problems).
+bool HopperReady(const DeviceGemmProblem& p, const GroupedGemmOptions& o) {
+  return GroupedGemmLauncher::HopperEligible(HopperAsRun(p, o), o.input);
 }
 
 // The SIMT launch's tile side: the option where set; else 128 x 128 tiles
@@ -401,7 +469,7 @@ std::vector<Path> Plan(absl::Span<const DeviceGemmProblem> problems,
       const bool mixed16 = (o.input == DType::kBFloat16 && o.output == DType::kFloat16) ||
                            (o.input == DType::kFloat16 && o.output == DType::kBFloat16);
       paths[i] = mixed16 ? Path::kSimt : Path::kCublas;
-    } else if (tensor_core_type && hopper && p.k > 0 && HopperReady(p, o.input)) {
+    } else if (tensor_core_type && hopper && p.k > 0 && HopperReady(p, o)) {
       paths[i] = Path::kHopper;
     } else if (tensor_core_type && !hopper && o.output != DType::kFloat16 &&
                o.output != DType::kBFloat16) {
@@ -630,8 +698,11 @@ WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::
   for (size_t i = 0; i < problems.size(); ++i) {
     if (paths[i] == Path::kHopper) {
       ++hopper;
-      hopper_tiles += CeilDiv(problems[i].m, kHopperTileM) * CeilDiv(problems[i].n, kHopperSmallN);
-      if (o.input == DType::kFloat32) transposes += Tf32TransposeBytes(problems[i]);
+      const DeviceGemmProblem run = HopperAsRun(problems[i], o);
+      hopper_tiles += CeilDiv(run.m, kHopperTileM) * CeilDiv(run.n, kHopperSmallN);
+      if (o.input == DType::kFloat32) {
+        transposes += Tf32TransposeBytes(problems[i], o.hopper_tf32_register_a);
+      }
     } else if (paths[i] == Path::kSimt) {
       ++simt;
     }
@@ -760,8 +831,9 @@ size_t SplitPartialBytes(absl::Span<const DeviceGemmProblem> problems,
     lone = &problems[i];
   }
   if (lone == nullptr || !ValidHopperOptions(o).ok()) return 0;
+  const DeviceGemmProblem run = HopperAsRun(*lone, o);  // As Run plans it.
   const HopperShape shape =
-      ChooseHopperShape(absl::MakeConstSpan(lone, 1), o, num_sms, max_clusters);
+      ChooseHopperShape(absl::MakeConstSpan(&run, 1), o, num_sms, max_clusters);
   return PartialBytes(shape.split, shape.tile_n);
 }
 
@@ -792,6 +864,9 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
   for (const DeviceGemmProblem& p : problems) {
     if (p.m < 0 || p.n < 0 || p.k < 0 || p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX) {
       return absl::InvalidArgumentError("problem dimensions out of range");
+    }
+    if (p.transpose_d) {
+      return absl::InvalidArgumentError("transpose_d is set by the launcher only, not by callers");
     }
   }
   if (absl::Status s = ValidHopperOptions(options); !s.ok()) return s;
@@ -828,32 +903,27 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     selected.reserve(problems.size());
   }
   size_t transpose_at = layout.transposes;
-  // TF32 wgmma reads K-major operands only: the others are copied K-major
-  // into the workspace, all of the batch's copies in as few launches as
-  // LaunchTransposes32 needs.
+  // TF32: the operands Tf32CopiesOf names are copied K-major into the
+  // workspace, all of the batch's copies in as few launches as
+  // LaunchTransposes32 needs; Tf32AsRun lays out the rest.
   std::vector<TransposeJob> copies;
   for (size_t i = 0; i < problems.size() && !as_given; ++i) {
     if (paths[i] != Path::kHopper) continue;
     DeviceGemmProblem p = problems[i];
     if (options.input == DType::kFloat32) {
-      if (p.transpose_a) {  // Stored k x m -> m x k.
-        const int64_t ld = AlignUp(p.k * 4, 16) / 4;
+      // An operand stored k x `cols` (leading dimension `ld`) into `cols`
+      // rows of k.
+      auto copy = [&](const void* stored, int64_t cols, int64_t ld) {
         auto* dst = reinterpret_cast<float*>(ws + transpose_at);
-        copies.push_back({static_cast<const float*>(p.a), dst, p.k, p.m, p.lda, ld});
-        p.a = dst;
-        p.lda = ld;
-        p.transpose_a = false;
-        transpose_at += AlignUp(static_cast<size_t>(p.m) * ld * 4);
-      }
-      if (!p.transpose_b) {  // Stored k x n -> n x k.
-        const int64_t ld = AlignUp(p.k * 4, 16) / 4;
-        auto* dst = reinterpret_cast<float*>(ws + transpose_at);
-        copies.push_back({static_cast<const float*>(p.b), dst, p.k, p.n, p.ldb, ld});
-        p.b = dst;
-        p.ldb = ld;
-        p.transpose_b = true;
-        transpose_at += AlignUp(static_cast<size_t>(p.n) * ld * 4);
-      }
+        copies.push_back({static_cast<const float*>(stored), dst, p.k, cols, ld, Tf32CopyLd(p.k)});
+        transpose_at += Tf32CopyBytes(cols, p.k);
+        return dst;
+      };
+      const bool register_a = options.hopper_tf32_register_a;
+      const Tf32Copies c = Tf32CopiesOf(p, register_a);
+      const float* copy_a = c.a ? copy(p.a, p.m, p.lda) : nullptr;
+      const float* copy_b = c.b ? copy(p.b, p.n, p.ldb) : nullptr;
+      p = Tf32AsRun(p, register_a, copy_a, copy_b);
       if (!HopperEligible(p, DType::kFloat32)) {
         return absl::InvalidArgumentError("TF32 operands must be 16-byte aligned");
       }

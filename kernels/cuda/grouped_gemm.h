@@ -48,6 +48,12 @@ struct DeviceGemmProblem {
   double beta = 0.0;
   bool transpose_a = false;
   bool transpose_b = false;
+  // Set by the launcher only (Run rejects it from callers): D and C are
+  // stored n x m (column-major), element (i, j) at j * ldd + i. A TF32
+  // problem whose B alone is stored k x n runs as D^T = B^T A^T, so that the
+  // Hopper kernel reads B as an A stored k x m, through registers, instead
+  // of copying it first (GroupedGemmOptions::hopper_tf32_register_a).
+  bool transpose_d = false;
 };
 
 enum class KernelFamily { kPersistent, kNonPersistent, kCublas };
@@ -99,6 +105,15 @@ struct GroupedGemmOptions {
   // cooperative consumers at the same width, but slower than the 128 x 256
   // tiles the launcher picks for every benchmark row, so nothing uses it.
   bool hopper_pingpong = false;
+  // TF32 operands stored MN-major (the kernel's wgmma reads TF32 from shared
+  // memory only K-major): true reads an A stored k x m through registers
+  // (wgmma's register operand), and runs a problem whose B alone is stored
+  // k x n as D^T = B^T A^T, so that B becomes that A; only a B stored k x n
+  // beside an A stored k x m is still copied. False copies every MN-major
+  // operand K-major first (a transpose kernel; at 4096^3 its 50 us were the
+  // whole gap to cuBLAS, docs/BENCHMARKS.md, fifteenth round). For
+  // benchmarks and tests.
+  bool hopper_tf32_register_a = true;
   // Output tile side of the SIMT kernel: 0 picks (128 for float32 inputs
   // when the launch has at least one 128 x 128 tile per SM, else 64), 64,
   // or 128 (float32 inputs only).

@@ -512,6 +512,10 @@ constexpr int kInfoTmaStore = 4;    // StoresByTma: the epilogue goes out by TMA
 constexpr int kInfoNarrowShift = 4;
 constexpr int kInfoNarrowMask = 3;
 constexpr int kInfoFirstHalf = 64;
+// D (and C) stored n x m (DeviceGemmProblem::transpose_d; TF32 only): the
+// epilogue writes the accumulators transposed (EpilogueTmaTransposed,
+// EpilogueTransposed).
+constexpr int kInfoTransposeD = 128;
 // A unit of a split tile (HopperSplit): its index j among the tile's units
 // sits in bits 8-15 of the flags, the tile's index among the split tiles
 // (its slot of partials and counters) in bits 16-31.
@@ -726,9 +730,10 @@ __device__ void BuildMaps(const Params& p, int prob, CUtensorMap* scratch, bool 
             reinterpret_cast<const uint64_t*>(td)[lane];
       }
       __syncwarp();
-      if (lane == 0) {  // Stored m x n.
-        PatchMap(scratch + 2, pr.d, static_cast<uint32_t>(pr.n), static_cast<uint32_t>(pr.m),
-                 pr.ldd * OutputSize(p.output));
+      if (lane == 0) {  // Stored m x n, or n x m.
+        const uint32_t rows = static_cast<uint32_t>(pr.transpose_d ? pr.n : pr.m);
+        const uint32_t cols = static_cast<uint32_t>(pr.transpose_d ? pr.m : pr.n);
+        PatchMap(scratch + 2, pr.d, cols, rows, pr.ldd * OutputSize(p.output));
       }
       __syncwarp();
       PublishMap(gd, scratch + 2);
@@ -790,15 +795,23 @@ __device__ __forceinline__ void IssueStage(int flags, const CUtensorMap* map_a,
   const bool first_half = kCluster == 1 && (flags & kInfoFirstHalf);
   const int b_boxes = kCluster == 1 ? (BN >> NarrowShift(flags)) / 64 : BN / 64;
   const bool a_half = first_half && (flags & kInfoTransposeA);
+  // A stored k x m comes in boxes one 128-byte row wide: 64 columns of
+  // 16-bit types, 32 of TF32.
+  constexpr int kABoxCols = kRowBytes / static_cast<int>(sizeof(T));
+  constexpr int kABoxes = kBM / kABoxCols;
   const int bytes = (a_half ? L::kABytes / 2 : L::kABytes) +
                     ((flags & kInfoTransposeB) ? L::kBBytes : b_boxes * BK * kRowBytes);
   MbarExpectTx(&full[s], bytes);
   uint8_t* sa = stages + s * L::kStageBytes;
   uint8_t* sb = sa + L::kABytes;
   const int k0 = kb * BK;
-  if (flags & kInfoTransposeA) {  // MN-major: two 64-wide boxes.
-    TmaLoad2d(sa, map_a, m0, k0, &full[s]);
-    if (!a_half) TmaLoad2d(sa + BK * kRowBytes, map_a, m0 + 64, k0, &full[s]);
+  if (flags & kInfoTransposeA) {  // MN-major: boxes of kABoxCols columns by BK rows.
+#pragma unroll
+    for (int box = 0; box < kABoxes; ++box) {
+      if (!a_half || box < kABoxes / 2) {
+        TmaLoad2d(sa + box * BK * kRowBytes, map_a, m0 + box * kABoxCols, k0, &full[s]);
+      }
+    }
   } else {
     TmaLoad2d(sa, map_a, k0, m0, &full[s]);
   }
@@ -882,6 +895,7 @@ __device__ void Schedule(const Params& p, const Smem<BN>& sm) {
       ti.kblocks = kblocks;
       ti.flags = (pr.transpose_a ? kInfoTransposeA : 0) | (pr.transpose_b ? kInfoTransposeB : 0) |
                  (StoresByTma(p, pr) ? kInfoTmaStore : 0) |
+                 (pr.transpose_d ? kInfoTransposeD : 0) |
                  (kCluster == 1 && sizeof(T) == 2 && p.edge_tiles
                       ? EdgeFlags<BN>(pr, ti.m0, ti.n0)
                       : 0) |
@@ -1078,15 +1092,109 @@ __device__ void EpilogueTma(float alpha, const CUtensorMap* map_d, const float (
   }
 }
 
+// D stored n x m (kInfoTransposeD, TF32 only, so float32 out): writes a
+// consumer warpgroup's 64 x BN accumulators, element (r, c) of the tile to
+// d[c * ldd + r], alpha/beta applied. For fixed lane & 3, a warp's lanes
+// write 8 consecutive floats (one 32-byte sector) of each of 4 rows of D.
+template <int BN>
+__device__ void EpilogueTransposed(const DeviceGemmProblem& pr, const float (&acc)[BN / 2],
+                                   int row0, int col0) {
+  const int t = threadIdx.x & 127;
+  const int warp = t >> 5, lane = t & 31;
+  const float alpha = static_cast<float>(pr.alpha);
+  const float beta = static_cast<float>(pr.beta);
+  const bool use_c = pr.beta != 0.0;
+  float* d = static_cast<float*>(pr.d);
+  const float* c = static_cast<const float*>(pr.c);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = row0 + warp * 16 + (lane >> 2) + half * 8;
+    if (row >= pr.m) continue;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t col = col0 + j * 8 + (lane & 3) * 2 + e;
+        if (col >= pr.n) continue;
+        float v = alpha * acc[j * 4 + half * 2 + e];
+        if (use_c) v += beta * c[col * pr.ldc + row];
+        d[col * pr.ldd + row] = v;
+      }
+    }
+  }
+}
+
+// D stored n x m, by TMA (kInfoTransposeD with kInfoTmaStore): the
+// warpgroup's 64 x BN accumulators are columns row0 .. row0 + 63 of D's
+// rows col0 .. col0 + BN - 1, stored as boxes of 64 rows of D by 32
+// columns (128 bytes), two at a time: for each 64 rows, warps 0-1 fill the
+// box of the first 32 columns in one buffer while warps 2-3 fill the other
+// in the second, then both are stored. Each box is its own bulk group, so
+// that `stores` keeps picking buffers as EpilogueTma expects. Writes into
+// the swizzled boxes are free of bank conflicts: a warp's 32 lanes cover
+// 8 columns (two 16-byte units) of 4 rows whose swizzle differs.
+template <int BN>
+__device__ void EpilogueTmaTransposed(float alpha, const CUtensorMap* map_d,
+                                      const float (&acc)[BN / 2], int row0, int col0,
+                                      uint8_t* buffers, int wg, int& stores) {
+  constexpr int kBufferBytes = Layout<BN>::kStoreBufferBytes;
+  static_assert(kBufferBytes == 64 * kRowBytes, "a box of 64 rows of 128 bytes a buffer");
+  const int t = threadIdx.x & 127;
+  const int warp = t >> 5, lane = t & 31;
+  const bool leader = t == 0;
+  const int box = warp >> 1;  // This warp's box: columns row0 + 32 box ...
+#pragma unroll
+  for (int q = 0; q < BN / 64; ++q, stores += 2) {
+    // Both buffers' earlier stores are done reading them.
+    if (leader) BulkWaitRead<0>();
+    NamedBarrier(1 + wg, 128);
+    uint8_t* buffer = buffers + ((stores + box) & 1) * kBufferBytes;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {  // The 8-column groups of the accumulators in these rows.
+      const int j = q * 8 + jj;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = jj * 8 + (lane & 3) * 2 + e;                     // Row in the box.
+          const int byte = ((warp & 1) * 16 + (lane >> 2) + half * 8) * 4;  // Byte in the row.
+          const int at = r * kRowBytes + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15);
+          *reinterpret_cast<float*>(buffer + at) = alpha * acc[j * 4 + half * 2 + e];
+        }
+      }
+    }
+    FenceProxyAsync();
+    NamedBarrier(1 + wg, 128);
+    if (leader) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        TmaStore2d(map_d, buffers + ((stores + b) & 1) * kBufferBytes, row0 + 32 * b,
+                   col0 + 64 * q);
+        BulkCommit();
+      }
+    }
+  }
+}
+
 // Stores a consumer warpgroup's 64 x BN accumulators as the rows from
 // `row0` of tile `ti`: by TMA through `map_d` (acquired by the caller)
 // where the tile's flags say so, else from registers. `width`, `buffers`,
 // `wg` and `stores` as for EpilogueTma.
-template <int BN>
+template <typename T, int BN>
 __device__ __forceinline__ void StoreRows(const Params& p, const TileInfo& ti,
                                           const CUtensorMap* map_d, const float (&acc)[BN / 2],
                                           int row0, int width, uint8_t* buffers, int wg,
                                           int& stores) {
+  if constexpr (sizeof(T) == 4) {
+    if (ti.flags & kInfoTransposeD) {  // TF32: float32 out, never narrow.
+      if (ti.flags & kInfoTmaStore) {
+        EpilogueTmaTransposed<BN>(ti.alpha, map_d, acc, row0, ti.n0, buffers, wg, stores);
+      } else {
+        EpilogueTransposed<BN>(Problem(p, ti.problem), acc, row0, ti.n0);
+      }
+      return;
+    }
+  }
   if (ti.flags & kInfoTmaStore) {
     switch (p.output) {
       case DType::kFloat32:
@@ -1238,6 +1346,96 @@ __device__ __forceinline__ void MainLoopAtWidth(int shift, float (&acc)[BN / 2],
   MainLoop<T, BN, BN, kCluster, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, wg, no_mma);
 }
 
+// TF32 MMA of width BN with A from registers.
+template <int BN>
+__device__ __forceinline__ void MmaRegA(float (&acc)[BN / 2], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (BN == 256) wgmma::MmaTf32RegAN256(acc, a, db, 1);
+  else if constexpr (BN == 128) wgmma::MmaTf32RegAN128(acc, a, db, 1);
+  else wgmma::MmaTf32RegAN64(acc, a, db, 1);
+}
+
+// TF32 tiles with A stored k x m (kInfoTransposeA), which wgmma cannot read
+// from shared memory: each thread loads its register fragment of A from
+// the stage's A tile, laid out by TMA as four boxes of 32 columns (m) by 32
+// rows (k) of 128 bytes, 128-byte swizzled, and wgmma takes A from those
+// registers (B as in MainLoop, K-major). Thread (warp w, lane l) of
+// warpgroup wg holds, per k-step of 8, the elements (r, k), (r + 8, k),
+// (r, k + 4) and (r + 8, k + 4), r = 64 wg + 16 w + l / 4 and k = l % 4
+// (wgmma's m64nNk8 register fragment). Loads by a warp touch 16 banks
+// twice each (two-way conflicts).
+//
+// Each k-step's MMA is its own wgmma group with its own fragment set, of
+// four in a ring. The fragment of the next k-step (at a block's last step,
+// the first of the next block, whose stage it waits for) is loaded before
+// this step's MMA is issued, and after each issue the thread waits until
+// at most two groups are pending, so that the set it loads next was read
+// by an MMA that is done. ptxas keeps wgmmas in flight in this order; where
+// a step's fragment was loaded just before its own MMA after waiting down
+// to three pending groups, it serialized every wgmma of the kernel (C7513).
+// A k-block's stage goes back to the loader once its last MMA is done, at
+// the second k-step of the next block.
+template <int BN, int kCluster>
+__device__ __forceinline__ void MainLoopRegA(float (&acc)[BN / 2], uint8_t* stages, uint64_t* full,
+                                             uint64_t* empty, int kblocks, int& seq, int wg,
+                                             bool no_mma) {
+  using L = Layout<BN>;
+  constexpr int BK = Elem<float>::kBK;
+  constexpr int kSteps = BK / Elem<float>::kStep;
+  static_assert(kSteps == 4, "a ring of four fragment sets, one per k-step of a block");
+  const int t = threadIdx.x & 127;
+  const int warp = t >> 5, lane = t & 31;
+  const int box = 2 * wg + (warp >> 1);  // Rows 64 wg + 16 w .. + 15 lie in one box.
+  uint32_t offsets[4];                   // a0..a3 of k-step 0, in bytes from the A tile.
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = (warp & 1) * 16 + (lane >> 2) + (i & 1) * 8;  // Column in the box.
+    const int k = (lane & 3) + (i >> 1) * 4;                    // Row in the box.
+    offsets[i] = box * BK * kRowBytes + k * kRowBytes + ((((c >> 2) ^ (k & 7))) << 4) + (c & 3) * 4;
+  }
+  // Fragment of k-step j of the stage at `sa`; k-step j is 8 rows (1024
+  // bytes) further than k-step 0, with the same swizzle (row % 8).
+  auto load = [&](uint32_t(&f)[4], const uint8_t* sa, int j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[i] = *reinterpret_cast<const uint32_t*>(sa + offsets[i] + j * 8 * kRowBytes);
+    }
+  };
+  uint32_t frag[kSteps][4];
+  int previous = -1;  // Stage whose MMAs may still be running.
+  {
+    const int s = seq % L::kStages;
+    MbarWait(&full[s], (seq / L::kStages) & 1);
+    load(frag[0], stages + s * L::kStageBytes, 0);
+  }
+  for (int kb = 0; kb < kblocks; ++kb, ++seq) {
+    const int s = seq % L::kStages;
+    const uint8_t* sa = stages + s * L::kStageBytes;
+    const uint32_t sb = SmemAddr(sa + L::kABytes);
+#pragma unroll
+    for (int j = 0; j < kSteps; ++j) {
+      if (j + 1 < kSteps) {
+        load(frag[j + 1], sa, j + 1);
+      } else if (kb + 1 < kblocks) {
+        const int next = (seq + 1) % L::kStages;
+        MbarWait(&full[next], ((seq + 1) / L::kStages) & 1);
+        load(frag[0], stages + next * L::kStageBytes, 0);
+      }
+      WgmmaFence();
+      if (!no_mma) MmaRegA<BN>(acc, frag[j], DescB<float, 0>(sb, j));
+      WgmmaCommit();
+      WgmmaWait<2>();
+      if (j == 1 && previous >= 0) {  // Every MMA of the block before is done.
+        Release<kCluster>(empty, previous);
+        previous = -1;
+      }
+    }
+    previous = s;
+  }
+  WgmmaWait<0>();
+  FenceRegisters(acc);
+  if (previous >= 0) Release<kCluster>(empty, previous);
+}
+
 // Consumer warp: the TileInfo at `info`, read by lane 0 alone and passed to
 // the other lanes by shuffles, so that the warp's only shared-memory read of
 // it comes before, in lane 0's own program order, the arrive with which
@@ -1373,8 +1571,14 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
     if (idle) {
       SkipStages<BN, kCluster>(full, empty, kblocks, seq);
     } else if constexpr (sizeof(T) == 4) {
-      // TF32 tiles are never trimmed (EdgeFlags is for 16-bit inputs).
-      MainLoop<T, BN, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg, no_mma);
+      // TF32 tiles are never trimmed (EdgeFlags is for 16-bit inputs). B is
+      // always K-major (the launcher sees to it); A stored k x m goes
+      // through registers.
+      if (ti.flags & kInfoTransposeA) {
+        MainLoopRegA<BN, kCluster>(acc, stages, full, empty, kblocks, seq, wg, no_mma);
+      } else {
+        MainLoop<T, BN, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg, no_mma);
+      }
     } else {
       const int layout =
           ((ti.flags & kInfoTransposeA) ? 2 : 0) + ((ti.flags & kInfoTransposeB) ? 0 : 1);
@@ -1403,7 +1607,7 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
     }
     const CUtensorMap* map_d = Map(p, ti.problem, 2);
     AcquireStoreMap(p, ti, map_d, acquired_d);
-    StoreRows<BN>(p, ti, map_d, acc, ti.m0 + wg * 64, BN >> shift, store_buffers, wg, stores);
+    StoreRows<T, BN>(p, ti, map_d, acc, ti.m0 + wg * 64, BN >> shift, store_buffers, wg, stores);
     MATMUL_TRACE(tr[5] = clock64(); record();)
   }
   // Shared memory must outlive the last stores' reads, and their writes
@@ -1575,9 +1779,9 @@ __device__ void ConsumePing(const Params& p, const Smem<BN>& sm) {
     // stack, and every MMA went through it.
     const float(&top)[BN / 2] = *reinterpret_cast<const float(*)[BN / 2]>(&acc[0]);
     const float(&bottom)[BN / 2] = *reinterpret_cast<const float(*)[BN / 2]>(&acc[BN / 2]);
-    StoreRows<BN>(p, ti, map_d, top, ti.m0, width, store_buffers, wg, stores);
+    StoreRows<T, BN>(p, ti, map_d, top, ti.m0, width, store_buffers, wg, stores);
     if (!one_half) {  // Otherwise rows 64-127 lie below the problem.
-      StoreRows<BN>(p, ti, map_d, bottom, ti.m0 + 64, width, store_buffers, wg, stores);
+      StoreRows<T, BN>(p, ti, map_d, bottom, ti.m0 + 64, width, store_buffers, wg, stores);
     }
   }
   // Shared memory must outlive the last stores' reads, and their writes

@@ -55,6 +55,7 @@ class GroupedGemmTest : public ::testing::Test {
     o.hopper_split_k = split_k_;
     o.hopper_edge_tiles = edge_tiles_;
     o.hopper_pingpong = pingpong_;
+    o.hopper_tf32_register_a = tf32_register_a_;
     o.simt_tile = simt_tile_;
     o.cublas_min_flops = cublas_min_flops_;
     LaunchReport report;
@@ -98,6 +99,8 @@ class GroupedGemmTest : public ::testing::Test {
   bool edge_tiles_ = GroupedGemmOptions().hopper_edge_tiles;
   // GroupedGemmOptions::hopper_pingpong for RunAndCheck.
   bool pingpong_ = false;
+  // GroupedGemmOptions::hopper_tf32_register_a for RunAndCheck.
+  bool tf32_register_a_ = GroupedGemmOptions().hopper_tf32_register_a;
   // GroupedGemmOptions::simt_tile for RunAndCheck (0: the launcher's choice).
   int simt_tile_ = 0;
   // GroupedGemmOptions::cublas_min_flops for RunAndCheck (0: exact float32
@@ -167,10 +170,13 @@ TEST_F(GroupedGemmTest, OddShapesTransposesAndScalars) {
   }
 }
 
-// TF32 operands stored MN-major are copied K-major before the launch, into
-// rows padded to 16 bytes: every stored layout, with and without padding
-// of the caller's own rows (widths that are not multiples of 4 either way).
-TEST_F(GroupedGemmTest, Tf32CopiesOfEveryStoredLayout) {
+// TF32 operands stored MN-major, both ways (hopper_tf32_register_a): read
+// through registers (A) or as the A of D^T = B^T A^T (B), or copied K-major
+// before the launch into rows padded to 16 bytes. Every stored layout, with
+// and without padding of the caller's own rows (widths that are not
+// multiples of 4 either way: unaligned rows are copied on the register
+// path too).
+TEST_F(GroupedGemmTest, Tf32EveryStoredLayoutBothWays) {
   const std::vector<std::array<int64_t, 3>> shapes = {{37, 45, 70}, {130, 6, 33}, {1, 1027, 5}};
   std::vector<HostProblem> batch;
   for (const auto& s : shapes) {
@@ -184,13 +190,73 @@ TEST_F(GroupedGemmTest, Tf32CopiesOfEveryStoredLayout) {
       }
     }
   }
-  RunAndCheck(batch, DType::kFloat32, DType::kFloat32, Precision::kTF32,
-              KernelFamily::kPersistent, 0, "TF32 copies");
+  for (bool register_a : {true, false}) {
+    tf32_register_a_ = register_a;
+    const LaunchReport report =
+        RunAndCheck(batch, DType::kFloat32, DType::kFloat32, Precision::kTF32,
+                    KernelFamily::kPersistent, 0,
+                    register_a ? "TF32 through registers" : "TF32 copies");
+    if (launcher_->has_hopper_kernels()) EXPECT_EQ(report.hopper_problems, 24) << register_a;
+  }
+  tf32_register_a_ = GroupedGemmOptions().hopper_tf32_register_a;
+}
+
+// The register path copies nothing where the rows are aligned, except a B
+// stored k x n beside an A stored k x m: one launch for a batch of the
+// other three layouts, against one more (the copies) with the copies way;
+// multi-tile problems of every tile width, on both grids, with C (the
+// register epilogue, writing D transposed for a B stored k x n) and
+// without (TMA stores, transposed), and with D's rows not 16-byte aligned.
+TEST_F(GroupedGemmTest, Tf32RegisterPathLargeAndOdd) {
+  if (!launcher_->has_hopper_kernels()) GTEST_SKIP() << "no sm_90a GPU: no TF32 register path";
+  struct Case {
+    int64_t m, n, k;
+    bool ta, tb;
+    double beta;
+    int64_t pad_b;  // Extra elements in each stored row of B.
+  };
+  // Rows of A and B stay 16-byte aligned; D's rows do but for the last two
+  // problems (n = 518; the first of them pads B's rows to 520).
+  const Case cases[] = {{300, 520, 200, false, false, 0.0, 0}, {300, 520, 200, false, false, 0.5, 0},
+                        {260, 384, 96, true, true, 0.0, 0},    {260, 384, 96, true, true, -1.0, 0},
+                        {1000, 1032, 1000, false, true, 0.0, 0}, {520, 300, 64, false, false, 0.0, 0},
+                        {64, 2048, 512, true, true, 0.0, 0},   {515, 518, 132, false, false, 0.0, 2},
+                        {516, 518, 132, true, true, 0.25, 0}};
+  for (KernelFamily family : {KernelFamily::kPersistent, KernelFamily::kNonPersistent}) {
+    for (int width : {256, 128, 64}) {
+      tile_n_ = width;
+      std::vector<HostProblem> batch;
+      for (const Case& c : cases) {
+        batch.push_back(MakeHostProblem(c.m, c.n, c.k, DType::kFloat32, DType::kFloat32, rng_,
+                                        c.ta, c.tb, 1.5, c.beta, 0, c.pad_b));
+      }
+      for (bool register_a : {true, false}) {
+        tf32_register_a_ = register_a;
+        const std::string what = absl::StrCat("width ", width, register_a ? " registers" : " copies",
+                                              family == KernelFamily::kPersistent ? " persistent"
+                                                                                  : " one CTA/tile");
+        const LaunchReport report = RunAndCheck(batch, DType::kFloat32, DType::kFloat32,
+                                                Precision::kTF32, family, 0, what);
+        EXPECT_EQ(report.hopper_problems, static_cast<int>(batch.size())) << what;
+        EXPECT_EQ(report.launches, register_a ? 1 : 2) << what;
+      }
+    }
+  }
+  // Both operands stored MN-major: B alone is copied.
+  tf32_register_a_ = true;
+  tile_n_ = 0;
+  const LaunchReport report = RunAndCheck(
+      {MakeHostProblem(400, 300, 200, DType::kFloat32, DType::kFloat32, rng_, true, false, 1.0, 0.5)},
+      DType::kFloat32, DType::kFloat32, Precision::kTF32, KernelFamily::kPersistent, 0,
+      "A k x m, B k x n");
+  EXPECT_EQ(report.launches, 2);
+  tf32_register_a_ = GroupedGemmOptions().hopper_tf32_register_a;
 }
 
 // A batch's TF32 copies go in a few launches (kTransposesPerLaunch matrices
 // each), not one an operand: 70 problems with both operands stored
-// MN-major make 140 copies, in 5 launches, then the Hopper kernel's.
+// MN-major make 140 copies with the copies way, in 5 launches, then the
+// Hopper kernel's; 70 (B only) on the register path.
 TEST_F(GroupedGemmTest, Tf32CopiesOfABatchTakeFewLaunches) {
   std::uniform_int_distribution<int64_t> dim(1, 40);
   std::vector<HostProblem> batch;
@@ -199,13 +265,18 @@ TEST_F(GroupedGemmTest, Tf32CopiesOfABatchTakeFewLaunches) {
     batch.push_back(MakeHostProblem(4 * dim(rng_), 4 * dim(rng_), 4 * dim(rng_), DType::kFloat32,
                                     DType::kFloat32, rng_, true, false, 1.0, i % 3 == 0 ? 0.5 : 0.0));
   }
-  const LaunchReport report = RunAndCheck(batch, DType::kFloat32, DType::kFloat32,
-                                          Precision::kTF32, KernelFamily::kPersistent, 0,
-                                          "70 TF32 problems stored MN-major");
-  if (!launcher_->has_hopper_kernels()) return;
-  EXPECT_EQ(report.hopper_problems, 70);
-  const int copy_launches = (140 + kTransposesPerLaunch - 1) / kTransposesPerLaunch;
-  EXPECT_LE(report.launches, copy_launches + 2);
+  for (bool register_a : {false, true}) {
+    tf32_register_a_ = register_a;
+    const LaunchReport report = RunAndCheck(batch, DType::kFloat32, DType::kFloat32,
+                                            Precision::kTF32, KernelFamily::kPersistent, 0,
+                                            "70 TF32 problems stored MN-major");
+    if (!launcher_->has_hopper_kernels()) break;
+    EXPECT_EQ(report.hopper_problems, 70);
+    const int copies = register_a ? 70 : 140;
+    EXPECT_EQ(report.launches, (copies + kTransposesPerLaunch - 1) / kTransposesPerLaunch + 1)
+        << register_a;
+  }
+  tf32_register_a_ = GroupedGemmOptions().hopper_tf32_register_a;
 }
 
 TEST_F(GroupedGemmTest, OutputTypes) {
