@@ -387,8 +387,6 @@ class Bench {
                           (in == DType::kBFloat16 || in == DType::kFloat16);
       if (in == DType::kFloat32 && precision == Precision::kDefault) o.simt_tile = g_simt_tile;
       options.push_back(o);
-    }
-    for (const GroupedGemmOptions& o : options) {
       runs.push_back([&, o](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], o, workspace_, workspace_bytes_, stream_));
       });
