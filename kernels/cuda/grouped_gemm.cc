@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/tf32_layout.h"
 
 namespace matmul::cuda {
 namespace {
@@ -70,83 +71,6 @@ struct WorkspaceLayout {
   size_t transposes = 0;
   size_t total = 0;
 };
-
-// ---- TF32 operands stored MN-major ------------------------------------------
-// TF32 wgmma reads an operand from shared memory only K-major. An A stored
-// k x m can instead go through registers (the kernel loads wgmma's register
-// fragment from its TMA tile); a B stored k x n cannot, but D = A B is also
-// D^T = B^T A^T, where that B is an A stored k x m. What is left is copied
-// K-major before the launch (GroupedGemmOptions::hopper_tf32_register_a).
-
-// The operands of TF32 problem `p` that the launcher copies K-major.
-struct Tf32Copies {
-  bool a = false;
-  bool b = false;
-};
-
-Tf32Copies Tf32CopiesOf(const DeviceGemmProblem& p, bool register_a) {
-  if (!register_a) return {p.transpose_a, !p.transpose_b};
-  // TMA reads rows that start on 16 bytes; a copy's rows do.
-  auto aligned = [](const void* base, int64_t ld) {
-    return reinterpret_cast<uintptr_t>(base) % 16 == 0 && (ld * 4) % 16 == 0;
-  };
-  Tf32Copies c;
-  c.a = p.transpose_a && !aligned(p.a, p.lda);
-  // A B stored k x n beside an A that stays stored k x m (both go through
-  // registers only as A) is copied, as is one whose rows are not aligned.
-  c.b = !p.transpose_b && ((p.transpose_a && !c.a) || !aligned(p.b, p.ldb));
-  return c;
-}
-
-// Leading dimension of the K-major copy of an operand with `k` columns
-// (rows padded to 16 bytes), and the bytes of `rows` such rows.
-int64_t Tf32CopyLd(int64_t k) { return AlignUp(k * 4, 16) / 4; }
-size_t Tf32CopyBytes(int64_t rows, int64_t k) {
-  return AlignUp(static_cast<size_t>(rows) * Tf32CopyLd(k) * 4);
-}
-
-// Bytes of the K-major copies TF32 needs for `p` (0 when none).
-size_t Tf32TransposeBytes(const DeviceGemmProblem& p, bool register_a) {
-  const Tf32Copies c = Tf32CopiesOf(p, register_a);
-  return (c.a ? Tf32CopyBytes(p.m, p.k) : 0) + (c.b ? Tf32CopyBytes(p.n, p.k) : 0);
-}
-
-// D^T = op(B)^T op(A)^T as a problem: m and n, A and B swap, each operand's
-// storage read the other way round, and D (and C) stored transposed.
-DeviceGemmProblem Transposed(const DeviceGemmProblem& p) {
-  DeviceGemmProblem t = p;
-  t.m = p.n;
-  t.n = p.m;
-  t.a = p.b;
-  t.lda = p.ldb;
-  t.transpose_a = !p.transpose_b;  // B stored k x n: an A stored k x m.
-  t.b = p.a;
-  t.ldb = p.lda;
-  t.transpose_b = !p.transpose_a;  // A stored m x k: a B stored n x k.
-  t.transpose_d = !p.transpose_d;
-  return t;
-}
-
-// TF32 problem `p` as the Hopper kernel takes it: the operands that
-// Tf32CopiesOf names read from their copies at `copy_a` and `copy_b` (null
-// when only sizing: they are 16-byte aligned either way), and a B still
-// stored k x n read as the A of D^T = B^T A^T.
-DeviceGemmProblem Tf32AsRun(const DeviceGemmProblem& p, bool register_a, const float* copy_a,
-                            const float* copy_b) {
-  DeviceGemmProblem r = p;
-  const Tf32Copies c = Tf32CopiesOf(p, register_a);
-  if (c.a) {
-    r.a = copy_a;
-    r.lda = Tf32CopyLd(p.k);
-    r.transpose_a = false;
-  }
-  if (c.b) {
-    r.b = copy_b;
-    r.ldb = Tf32CopyLd(p.k);
-    r.transpose_b = true;
-  }
-  return r.transpose_b ? r : Transposed(r);
-}
 
 // Problem `p` as the Hopper kernel takes it (Tf32AsRun for TF32 inputs),
 // for sizing: tiles, the split-K tail and eligibility.
