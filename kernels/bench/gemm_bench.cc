@@ -66,6 +66,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -210,8 +211,12 @@ std::unique_ptr<Buffers> MakeBuffers(const std::vector<Shape>& shapes, DType in,
 enum class Timing { kIsolated, kBackToBack };
 Timing g_timing = Timing::kIsolated;
 // How the variants of one row share the GPU (--order). Interleaved: each
-// repetition runs every variant once, the first one rotating, so that all
-// of them meet the same clocks. A large product draws the H100's whole
+// repetition runs every variant once, in the next of all their orders
+// (permutations, cycled), so that all of them meet the same clocks and each
+// follows each other one about equally often. (Until 2026-12-06 the first
+// variant rotated, which had ours persistent follow cuBLAS in two
+// repetitions of three and ours one CTA per tile follow ours persistent
+// in two of three.) A large product draws the H100's whole
 // power limit within a second, after which its clocks fall by a quarter or
 // more; timed one after the other (blocked), a variant that follows a pause
 // (such as the previous variant's result check) gets higher clocks than one
@@ -269,9 +274,16 @@ std::vector<Timed> TimeInterleaved(cudaStream_t stream, int sets, int reps,
   cudaEventCreate(&stop);
   std::vector<std::vector<double>> ms(variants), host_us(variants);
   const int per = g_timing == Timing::kBackToBack ? kBatch : 1;
+  // Every order of the variants, in lexicographic order.
+  std::vector<std::vector<int>> orders;
+  std::vector<int> order(variants);
+  std::iota(order.begin(), order.end(), 0);
+  do {
+    orders.push_back(order);
+  } while (std::next_permutation(order.begin(), order.end()));
   for (int i = 0; i < reps; ++i) {
     for (int j = 0; j < variants; ++j) {
-      const int v = (i + j) % variants;
+      const int v = orders[i % orders.size()][j];
       cudaEventRecord(start, stream);
       for (int q = 0; q < per; ++q) {
         const auto t0 = std::chrono::steady_clock::now();
