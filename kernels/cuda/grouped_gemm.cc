@@ -76,7 +76,7 @@ struct WorkspaceLayout {
 // for sizing: tiles, the split-K tail and eligibility.
 DeviceGemmProblem HopperAsRun(const DeviceGemmProblem& p, const GroupedGemmOptions& o) {
   if (o.input != DType::kFloat32) return p;
-  return Tf32AsRun(p, o.hopper_tf32_register_a, nullptr, nullptr);
+  return Tf32AsRun(p, Tf32CopiesOf(p, o.hopper_tf32_register_a), nullptr, nullptr);
 }
 
 using Encoder = PFN_cuTensorMapEncodeTiled_v12000;
@@ -843,11 +843,10 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
         transpose_at += Tf32CopyBytes(cols, p.k);
         return dst;
       };
-      const bool register_a = options.hopper_tf32_register_a;
-      const Tf32Copies c = Tf32CopiesOf(p, register_a);
+      const Tf32Copies c = Tf32CopiesOf(p, options.hopper_tf32_register_a);
       const float* copy_a = c.a ? copy(p.a, p.m, p.lda) : nullptr;
       const float* copy_b = c.b ? copy(p.b, p.n, p.ldb) : nullptr;
-      p = Tf32AsRun(p, register_a, copy_a, copy_b);
+      p = Tf32AsRun(p, c, copy_a, copy_b);
       if (!HopperEligible(p, DType::kFloat32)) {
         return absl::InvalidArgumentError("TF32 operands must be 16-byte aligned");
       }

@@ -51,16 +51,15 @@ DeviceGemmProblem Transposed(const DeviceGemmProblem& p) {
   return t;
 }
 
-DeviceGemmProblem Tf32AsRun(const DeviceGemmProblem& p, bool register_a, const float* copy_a,
-                            const float* copy_b) {
+DeviceGemmProblem Tf32AsRun(const DeviceGemmProblem& p, const Tf32Copies& copies,
+                            const float* copy_a, const float* copy_b) {
   DeviceGemmProblem r = p;
-  const Tf32Copies c = Tf32CopiesOf(p, register_a);
-  if (c.a) {
+  if (copies.a) {
     r.a = copy_a;
     r.lda = Tf32CopyLd(p.k);
     r.transpose_a = false;
   }
-  if (c.b) {
+  if (copies.b) {
     r.b = copy_b;
     r.ldb = Tf32CopyLd(p.k);
     r.transpose_b = true;

@@ -13,7 +13,7 @@
 //   Tf32Copies c = Tf32CopiesOf(p, /*register_a=*/true);
 //   // ... copy p.a (k x m) to copy_a if c.a, p.b (k x n) to copy_b if c.b,
 //   // Tf32CopyLd(p.k) floats a row ...
-//   DeviceGemmProblem run = Tf32AsRun(p, true, copy_a, copy_b);
+//   DeviceGemmProblem run = Tf32AsRun(p, c, copy_a, copy_b);
 //   // run.transpose_b is true: B is K-major.
 //
 // Host-only code (no CUDA calls): tested without a GPU.
@@ -52,12 +52,12 @@ size_t Tf32TransposeBytes(const DeviceGemmProblem& p, bool register_a);
 DeviceGemmProblem Transposed(const DeviceGemmProblem& p);
 
 // TF32 problem `p` as the Hopper kernel takes it: the operands that
-// Tf32CopiesOf names read from their copies at `copy_a` and `copy_b` (null
-// when only sizing: the kernel's alignment checks pass for null), and a B
-// still stored k x n read as the A of D^T = B^T A^T. The result's B is
-// always K-major.
-DeviceGemmProblem Tf32AsRun(const DeviceGemmProblem& p, bool register_a, const float* copy_a,
-                            const float* copy_b);
+// `copies` (Tf32CopiesOf(p, either way)) names read from their copies at
+// `copy_a` and `copy_b` (null when only sizing: the kernel's alignment
+// checks pass for null), and a B still stored k x n read as the A of
+// D^T = B^T A^T. The result's B is always K-major.
+DeviceGemmProblem Tf32AsRun(const DeviceGemmProblem& p, const Tf32Copies& copies,
+                            const float* copy_a, const float* copy_b);
 
 }  // namespace matmul::cuda
 

@@ -104,7 +104,7 @@ TEST(Tf32LayoutTest, EveryLayoutComputesTheSameD) {
           if (copies.a) copy_a = CopyKMajor(p.a, p.k, p.m, p.lda);
           if (copies.b) copy_b = CopyKMajor(p.b, p.k, p.n, p.ldb);
           const DeviceGemmProblem run =
-              Tf32AsRun(p, register_a, copies.a ? copy_a.data() : nullptr,
+              Tf32AsRun(p, copies, copies.a ? copy_a.data() : nullptr,
                         copies.b ? copy_b.data() : nullptr);
 
           // The kernel's constraints.
