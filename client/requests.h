@@ -8,6 +8,7 @@
 #ifndef MATMUL_CLIENT_REQUESTS_H_
 #define MATMUL_CLIENT_REQUESTS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -51,9 +52,13 @@ v1::MultiplyRequest RandomRequest(const ProblemSpec& spec, std::mt19937_64& rng)
 // `d` is left null. INVALID_ARGUMENT when the shapes don't fit together.
 absl::StatusOr<GemmProblem> ProblemOf(const v1::MultiplyRequest& request);
 
+// Output elements CheckResponse compares at most (SampledGemmRelativeError):
+// every element of results up to 256 x 256, a random grid of larger ones.
+inline constexpr size_t kCheckSamples = 65536;
+
 // Checks that `response` carries a result of the right shape and dtype and
 // returns its relative error against the float64 reference
-// (||out - ref|| / ||ref||).
+// (||out - ref|| / ||ref||), over at most kCheckSamples elements.
 absl::StatusOr<double> CheckResponse(const v1::MultiplyRequest& request,
                                      const v1::MultiplyResponse& response);
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_set>
 
 #include "kernels/half.h"
 
@@ -155,6 +156,111 @@ double GemmRelativeError(const GemmProblem& p, const void* out) {
     if (!std::isfinite(got[i]) && std::isfinite(ref[i])) return std::numeric_limits<double>::infinity();
     diff += (got[i] - ref[i]) * (got[i] - ref[i]);
     norm += ref[i] * ref[i];
+  }
+  if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
+  const double denominator = std::sqrt(std::max(norm, scale));
+  return denominator > 0.0 ? std::sqrt(diff) / denominator : std::sqrt(diff);
+}
+
+namespace {
+
+// Element `i` of `data` (of `type`) as a double.
+double ElementAt(const void* data, DType type, size_t i) {
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  switch (type) {
+    case DType::kFloat32: {
+      float v;
+      std::memcpy(&v, bytes + 4 * i, 4);
+      return v;
+    }
+    case DType::kFloat64: {
+      double v;
+      std::memcpy(&v, bytes + 8 * i, 8);
+      return v;
+    }
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      uint16_t v;
+      std::memcpy(&v, bytes + 2 * i, 2);
+      return type == DType::kFloat16 ? HalfToFloat(v) : BFloat16ToFloat(v);
+    }
+  }
+  return 0.0;
+}
+
+// `count` distinct indices of [0, n), in increasing order (Floyd's
+// sampling: `count` draws, no list of all n).
+std::vector<size_t> Distinct(size_t n, size_t count, std::mt19937_64& rng) {
+  std::vector<size_t> picked;
+  if (count >= n) {
+    picked.resize(n);
+    for (size_t i = 0; i < n; ++i) picked[i] = i;
+    return picked;
+  }
+  std::unordered_set<size_t> seen;
+  seen.reserve(2 * count);
+  for (size_t j = n - count; j < n; ++j) {
+    const size_t t = std::uniform_int_distribution<size_t>(0, j)(rng);
+    seen.insert(seen.count(t) ? j : t);
+  }
+  picked.assign(seen.begin(), seen.end());
+  std::sort(picked.begin(), picked.end());
+  return picked;
+}
+
+}  // namespace
+
+double SampledGemmRelativeError(const GemmProblem& p, const void* out, size_t samples,
+                                std::mt19937_64& rng) {
+  const size_t m = p.m, n = p.n, k = p.k;
+  if (samples == 0 || m * n <= samples) return GemmRelativeError(p, out);
+  // A grid of rows x cols: both about sqrt(samples), or all of the shorter
+  // side and more of the other.
+  const size_t side = static_cast<size_t>(std::ceil(std::sqrt(static_cast<double>(samples))));
+  const size_t row_count = std::min(m, std::max(side, samples / std::min(n, side)));
+  const size_t col_count = std::min(n, std::max<size_t>(1, samples / row_count));
+  const std::vector<size_t> rows = Distinct(m, row_count, rng);
+  const std::vector<size_t> cols = Distinct(n, col_count, rng);
+  const size_t lda = LeadingDimA(p), ldb = LeadingDimB(p);
+  // The picked columns of op(B), as k x cols (and their squares).
+  std::vector<double> b(k * cols.size()), b2(k * cols.size());
+  for (size_t l = 0; l < k; ++l) {
+    for (size_t c = 0; c < cols.size(); ++c) {
+      const size_t j = cols[c];
+      const double v = ElementAt(p.b, p.input_type, p.transpose_b ? j * ldb + l : l * ldb + j);
+      b[l * cols.size() + c] = v;
+      b2[l * cols.size() + c] = v * v;
+    }
+  }
+  const size_t ldd = n;  // Results are dense row-major m x n.
+  std::vector<double> ref(cols.size()), squares(cols.size());
+  double diff = 0.0, norm = 0.0, scale = 0.0;
+  for (size_t i : rows) {
+    std::fill(ref.begin(), ref.end(), 0.0);
+    std::fill(squares.begin(), squares.end(), 0.0);
+    for (size_t l = 0; l < k; ++l) {
+      const double av = ElementAt(p.a, p.input_type, p.transpose_a ? l * lda + i : i * lda + l);
+      const double* brow = &b[l * cols.size()];
+      const double* b2row = &b2[l * cols.size()];
+      for (size_t c = 0; c < cols.size(); ++c) {
+        ref[c] += av * brow[c];
+        squares[c] += av * av * b2row[c];
+      }
+    }
+    for (size_t c = 0; c < cols.size(); ++c) {
+      const size_t at = i * ldd + cols[c];
+      double r = p.alpha * ref[c];
+      scale += p.alpha * p.alpha * squares[c];
+      if (p.beta != 0.0) {
+        const double cv = ElementAt(p.c, p.output_type, at);
+        r += p.beta * cv;
+        scale += p.beta * p.beta * cv * cv;
+      }
+      const double got = ElementAt(out, p.output_type, at);
+      if (!std::isfinite(got) && std::isfinite(r)) return std::numeric_limits<double>::infinity();
+      diff += (got - r) * (got - r);
+      norm += r * r;
+    }
   }
   if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
   const double denominator = std::sqrt(std::max(norm, scale));

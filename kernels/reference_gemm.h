@@ -49,6 +49,17 @@ double RelativeError(const std::vector<double>& ref, const void* out, DType type
 // rounding.
 double GemmRelativeError(const GemmProblem& p, const void* out);
 
+// GemmRelativeError over a grid of output elements drawn at random: about
+// `samples` of them, from up to that many distinct rows and columns, each
+// with its reference and scale summed in float64 over the whole of K. It
+// costs O(samples k) instead of O(m n k): a full check of one 4096^3
+// response took 90 s on two cores, which put a benchmark's one check per
+// shape past its time limit. Every element where m n <= samples. A fault
+// confined to one 128 x 128 tile of a 4096 x 4096 result is missed with
+// probability below 1e-3 at samples = 65536.
+double SampledGemmRelativeError(const GemmProblem& p, const void* out, size_t samples,
+                                std::mt19937_64& rng);
+
 // The bound a correct result of this precision class stays under, for
 // inputs in [-1, 1): float64 1e-12, float32 1e-5, TF32 2e-3, 16-bit 1e-2
 // (output rounding included).

@@ -84,5 +84,70 @@ TEST(ReferenceGemmTest, GemmRelativeErrorScalesByTheTermsWhenTheyCancel) {
   EXPECT_LT(GemmRelativeError(q, right.data()), 1e-6);
 }
 
+// The sampled check against the full one on random problems of every
+// layout, with C: a result rounded to float32 measures alike both ways
+// (the sampled figure is the same norm ratio over a subset); a 64 x 64 block
+// gone wrong is caught; a NaN in a sampled row and column is caught; and with
+// at least as many samples as elements both are the same number.
+TEST(ReferenceGemmTest, SampledErrorAgreesWithTheFullOneAndCatchesABadBlock) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (int layout = 0; layout < 4; ++layout) {
+    GemmProblem p;
+    p.m = 300;
+    p.n = 200;
+    p.k = 150;
+    p.transpose_a = layout & 1;
+    p.transpose_b = layout & 2;
+    p.alpha = 1.25;
+    p.beta = layout == 3 ? 0.5 : 0.0;
+    const std::vector<uint8_t> a = RandomMatrix(DType::kFloat32, p.m * p.k, rng);
+    const std::vector<uint8_t> b = RandomMatrix(DType::kFloat32, p.k * p.n, rng);
+    const std::vector<uint8_t> c = RandomMatrix(DType::kFloat32, p.m * p.n, rng);
+    p.a = a.data();
+    p.b = b.data();
+    p.c = c.data();
+    const std::vector<double> ref = ReferenceGemm(p);
+    std::vector<float> got(ref.begin(), ref.end());
+    const double full = GemmRelativeError(p, got.data());
+    const double sampled = SampledGemmRelativeError(p, got.data(), 4096, rng);
+    ASSERT_GT(full, 0.0) << "rounding to float32 leaves some error";
+    EXPECT_LT(sampled, 3 * full) << layout;
+    EXPECT_GT(sampled, full / 3) << layout;
+    EXPECT_EQ(SampledGemmRelativeError(p, got.data(), p.m * p.n, rng), full);
+
+    std::uniform_int_distribution<int64_t> row(0, p.m - 64), col(0, p.n - 64);
+    const int64_t r0 = row(rng), c0 = col(rng);
+    std::vector<float> bad = got;
+    for (int64_t i = r0; i < r0 + 64; ++i) {
+      for (int64_t j = c0; j < c0 + 64; ++j) bad[i * p.n + j] += 1.0f;
+    }
+    EXPECT_GT(SampledGemmRelativeError(p, bad.data(), 4096, rng), 1e-3)
+        << "block at " << r0 << "," << c0;
+    std::vector<float> nan = got;
+    for (int64_t i = 0; i < p.m; ++i) nan[i * p.n + c0] = std::numeric_limits<float>::quiet_NaN();
+    // NaNs down column c0: with all but one element asked for, the grid
+    // takes every column.
+    EXPECT_TRUE(std::isinf(SampledGemmRelativeError(p, nan.data(), p.m * p.n - 1, rng)));
+  }
+}
+
+// A row vector (m = 1): the grid takes the one row and `samples` columns.
+TEST(ReferenceGemmTest, SampledErrorOfARowVector) {
+  std::mt19937_64 rng(std::random_device{}());
+  GemmProblem p;
+  p.m = 1;
+  p.n = 9000;
+  p.k = 40;
+  const std::vector<uint8_t> a = RandomMatrix(DType::kFloat32, p.m * p.k, rng);
+  const std::vector<uint8_t> b = RandomMatrix(DType::kFloat32, p.k * p.n, rng);
+  p.a = a.data();
+  p.b = b.data();
+  const std::vector<double> ref = ReferenceGemm(p);
+  std::vector<float> got(ref.begin(), ref.end());
+  EXPECT_LT(SampledGemmRelativeError(p, got.data(), 1000, rng), 1e-6);
+  for (float& v : got) v *= 1.01f;
+  EXPECT_NEAR(SampledGemmRelativeError(p, got.data(), 1000, rng), 0.01, 1e-4);
+}
+
 }  // namespace
 }  // namespace matmul
