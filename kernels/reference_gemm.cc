@@ -101,68 +101,31 @@ std::vector<double> Product(const GemmProblem& p, const std::vector<double>& a,
   return out;
 }
 
-}  // namespace
-
-std::vector<double> ReferenceGemm(const GemmProblem& p) {
-  const size_t m = p.m, n = p.n, k = p.k;
-  std::vector<double> out =
-      Product(p, ToDouble(p.a, p.input_type, m * k), ToDouble(p.b, p.input_type, k * n));
-  std::vector<double> c;
-  if (p.beta != 0.0) c = ToDouble(p.c, p.output_type, m * n);
-  for (size_t i = 0; i < m * n; ++i) {
-    out[i] *= p.alpha;
-    if (p.beta != 0.0) out[i] += p.beta * c[i];
+// The sums behind GemmRelativeError, element by element: ||out - ref||^2,
+// ||ref||^2 and ||scale||^2, and whether `out` has a NaN or infinity where
+// the reference is finite.
+class ErrorSums {
+ public:
+  // One element: the result `got`, its reference `ref` (alpha and beta
+  // applied) and its scale term alpha^2 sum_l a_il^2 b_lj^2 + beta^2 c_ij^2.
+  void Add(double got, double ref, double scale_term) {
+    if (!std::isfinite(got) && std::isfinite(ref)) not_finite_ = true;
+    diff_ += (got - ref) * (got - ref);
+    norm_ += ref * ref;
+    scale_ += scale_term;
   }
-  return out;
-}
-
-double RelativeError(const std::vector<double>& ref, const void* out, DType type) {
-  const std::vector<double> got = ToDouble(out, type, ref.size());
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i]) && std::isfinite(ref[i])) {
-      return std::numeric_limits<double>::infinity();
-    }
-    const double d = got[i] - ref[i];
-    diff += d * d;
-    norm += ref[i] * ref[i];
+  // ||out - ref|| / max(||ref||, ||scale||); +infinity for a NaN or
+  // infinity in `out`.
+  double Relative() const {
+    if (not_finite_ || std::isnan(diff_)) return std::numeric_limits<double>::infinity();
+    const double denominator = std::sqrt(std::max(norm_, scale_));
+    return denominator > 0.0 ? std::sqrt(diff_) / denominator : std::sqrt(diff_);
   }
-  if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
-  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
 
-double GemmRelativeError(const GemmProblem& p, const void* out) {
-  const size_t m = p.m, n = p.n, k = p.k;
-  std::vector<double> a = ToDouble(p.a, p.input_type, m * k);
-  std::vector<double> b = ToDouble(p.b, p.input_type, k * n);
-  std::vector<double> ref = Product(p, a, b);
-  for (double& v : a) v *= v;
-  for (double& v : b) v *= v;
-  const std::vector<double> squares = Product(p, a, b);  // sum_l a_il^2 b_lj^2
-  std::vector<double> c;
-  if (p.beta != 0.0) c = ToDouble(p.c, p.output_type, m * n);
-  double scale = 0.0;
-  for (size_t i = 0; i < m * n; ++i) {
-    ref[i] *= p.alpha;
-    scale += p.alpha * p.alpha * squares[i];
-    if (p.beta != 0.0) {
-      ref[i] += p.beta * c[i];
-      scale += p.beta * p.beta * c[i] * c[i];
-    }
-  }
-  const std::vector<double> got = ToDouble(out, p.output_type, m * n);
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i]) && std::isfinite(ref[i])) return std::numeric_limits<double>::infinity();
-    diff += (got[i] - ref[i]) * (got[i] - ref[i]);
-    norm += ref[i] * ref[i];
-  }
-  if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
-  const double denominator = std::sqrt(std::max(norm, scale));
-  return denominator > 0.0 ? std::sqrt(diff) / denominator : std::sqrt(diff);
-}
-
-namespace {
+ private:
+  double diff_ = 0.0, norm_ = 0.0, scale_ = 0.0;
+  bool not_finite_ = false;
+};
 
 // Element `i` of `data` (of `type`) as a double.
 double ElementAt(const void* data, DType type, size_t i) {
@@ -210,6 +173,58 @@ std::vector<size_t> Distinct(size_t n, size_t count, std::mt19937_64& rng) {
 
 }  // namespace
 
+std::vector<double> ReferenceGemm(const GemmProblem& p) {
+  const size_t m = p.m, n = p.n, k = p.k;
+  std::vector<double> out =
+      Product(p, ToDouble(p.a, p.input_type, m * k), ToDouble(p.b, p.input_type, k * n));
+  std::vector<double> c;
+  if (p.beta != 0.0) c = ToDouble(p.c, p.output_type, m * n);
+  for (size_t i = 0; i < m * n; ++i) {
+    out[i] *= p.alpha;
+    if (p.beta != 0.0) out[i] += p.beta * c[i];
+  }
+  return out;
+}
+
+double RelativeError(const std::vector<double>& ref, const void* out, DType type) {
+  const std::vector<double> got = ToDouble(out, type, ref.size());
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i]) && std::isfinite(ref[i])) {
+      return std::numeric_limits<double>::infinity();
+    }
+    const double d = got[i] - ref[i];
+    diff += d * d;
+    norm += ref[i] * ref[i];
+  }
+  if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
+  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+double GemmRelativeError(const GemmProblem& p, const void* out) {
+  const size_t m = p.m, n = p.n, k = p.k;
+  std::vector<double> a = ToDouble(p.a, p.input_type, m * k);
+  std::vector<double> b = ToDouble(p.b, p.input_type, k * n);
+  std::vector<double> ref = Product(p, a, b);
+  for (double& v : a) v *= v;
+  for (double& v : b) v *= v;
+  const std::vector<double> squares = Product(p, a, b);  // sum_l a_il^2 b_lj^2
+  std::vector<double> c;
+  if (p.beta != 0.0) c = ToDouble(p.c, p.output_type, m * n);
+  const std::vector<double> got = ToDouble(out, p.output_type, m * n);
+  ErrorSums sums;
+  for (size_t i = 0; i < m * n; ++i) {
+    double r = p.alpha * ref[i];
+    double scale = p.alpha * p.alpha * squares[i];
+    if (p.beta != 0.0) {
+      r += p.beta * c[i];
+      scale += p.beta * p.beta * c[i] * c[i];
+    }
+    sums.Add(got[i], r, scale);
+  }
+  return sums.Relative();
+}
+
 double SampledGemmRelativeError(const GemmProblem& p, const void* out, size_t samples,
                                 std::mt19937_64& rng) {
   const size_t m = p.m, n = p.n, k = p.k;
@@ -234,7 +249,7 @@ double SampledGemmRelativeError(const GemmProblem& p, const void* out, size_t sa
   }
   const size_t ldd = n;  // Results are dense row-major m x n.
   std::vector<double> ref(cols.size()), squares(cols.size());
-  double diff = 0.0, norm = 0.0, scale = 0.0;
+  ErrorSums sums;
   for (size_t i : rows) {
     std::fill(ref.begin(), ref.end(), 0.0);
     std::fill(squares.begin(), squares.end(), 0.0);
@@ -250,21 +265,16 @@ double SampledGemmRelativeError(const GemmProblem& p, const void* out, size_t sa
     for (size_t c = 0; c < cols.size(); ++c) {
       const size_t at = i * ldd + cols[c];
       double r = p.alpha * ref[c];
-      scale += p.alpha * p.alpha * squares[c];
+      double scale = p.alpha * p.alpha * squares[c];
       if (p.beta != 0.0) {
         const double cv = ElementAt(p.c, p.output_type, at);
         r += p.beta * cv;
         scale += p.beta * p.beta * cv * cv;
       }
-      const double got = ElementAt(out, p.output_type, at);
-      if (!std::isfinite(got) && std::isfinite(r)) return std::numeric_limits<double>::infinity();
-      diff += (got - r) * (got - r);
-      norm += r * r;
+      sums.Add(ElementAt(out, p.output_type, at), r, scale);
     }
   }
-  if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
-  const double denominator = std::sqrt(std::max(norm, scale));
-  return denominator > 0.0 ? std::sqrt(diff) / denominator : std::sqrt(diff);
+  return sums.Relative();
 }
 
 double ErrorBound(DType input, DType output, Precision precision) {

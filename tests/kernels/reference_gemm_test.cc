@@ -145,8 +145,12 @@ TEST(ReferenceGemmTest, SampledErrorOfARowVector) {
   const std::vector<double> ref = ReferenceGemm(p);
   std::vector<float> got(ref.begin(), ref.end());
   EXPECT_LT(SampledGemmRelativeError(p, got.data(), 1000, rng), 1e-6);
+  // Every element 1% off: 0.01 ||ref|| / max(||ref||, ||scale||) over the
+  // sample, just under 0.01 where the scale's norm is the larger.
   for (float& v : got) v *= 1.01f;
-  EXPECT_NEAR(SampledGemmRelativeError(p, got.data(), 1000, rng), 0.01, 1e-4);
+  const double err = SampledGemmRelativeError(p, got.data(), 1000, rng);
+  EXPECT_GT(err, 5e-3);
+  EXPECT_LE(err, 1.001e-2);
 }
 
 }  // namespace
