@@ -9,30 +9,37 @@
 #include "kernels/half.h"
 
 namespace matmul {
+namespace {
+
+// Element `i` of `data` (of `type`) as a double.
+double ElementAt(const void* data, DType type, size_t i) {
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  switch (type) {
+    case DType::kFloat32: {
+      float v;
+      std::memcpy(&v, bytes + 4 * i, 4);
+      return v;
+    }
+    case DType::kFloat64: {
+      double v;
+      std::memcpy(&v, bytes + 8 * i, 8);
+      return v;
+    }
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      uint16_t v;
+      std::memcpy(&v, bytes + 2 * i, 2);
+      return type == DType::kFloat16 ? HalfToFloat(v) : BFloat16ToFloat(v);
+    }
+  }
+  return 0.0;
+}
+
+}  // namespace
 
 std::vector<double> ToDouble(const void* data, DType type, size_t n) {
   std::vector<double> out(n);
-  const auto* bytes = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    switch (type) {
-      case DType::kFloat32: {
-        float v;
-        std::memcpy(&v, bytes + 4 * i, 4);
-        out[i] = v;
-        break;
-      }
-      case DType::kFloat64:
-        std::memcpy(&out[i], bytes + 8 * i, 8);
-        break;
-      case DType::kFloat16:
-      case DType::kBFloat16: {
-        uint16_t v;
-        std::memcpy(&v, bytes + 2 * i, 2);
-        out[i] = type == DType::kFloat16 ? HalfToFloat(v) : BFloat16ToFloat(v);
-        break;
-      }
-    }
-  }
+  for (size_t i = 0; i < n; ++i) out[i] = ElementAt(data, type, i);
   return out;
 }
 
@@ -101,18 +108,25 @@ std::vector<double> Product(const GemmProblem& p, const std::vector<double>& a,
   return out;
 }
 
-// The sums behind GemmRelativeError, element by element: ||out - ref||^2,
-// ||ref||^2 and ||scale||^2, and whether `out` has a NaN or infinity where
-// the reference is finite.
+// The sums behind GemmRelativeError for problem `p`, element by element:
+// ||out - ref||^2, ||ref||^2 and ||scale||^2, and whether `out` has a NaN or
+// infinity where the reference is finite.
 class ErrorSums {
  public:
-  // One element: the result `got`, its reference `ref` (alpha and beta
-  // applied) and its scale term alpha^2 sum_l a_il^2 b_lj^2 + beta^2 c_ij^2.
-  void Add(double got, double ref, double scale_term) {
+  explicit ErrorSums(const GemmProblem& p) : alpha_(p.alpha), beta_(p.beta) {}
+  // One element: the result `got`, sum_l a_il b_lj (`product`),
+  // sum_l a_il^2 b_lj^2 (`squares`) and c_ij (read only when beta != 0).
+  void Add(double got, double product, double squares, double c) {
+    double ref = alpha_ * product;
+    double scale = alpha_ * alpha_ * squares;
+    if (beta_ != 0.0) {
+      ref += beta_ * c;
+      scale += beta_ * beta_ * c * c;
+    }
     if (!std::isfinite(got) && std::isfinite(ref)) not_finite_ = true;
     diff_ += (got - ref) * (got - ref);
     norm_ += ref * ref;
-    scale_ += scale_term;
+    scale_ += scale;
   }
   // ||out - ref|| / max(||ref||, ||scale||); +infinity for a NaN or
   // infinity in `out`.
@@ -123,33 +137,10 @@ class ErrorSums {
   }
 
  private:
+  double alpha_, beta_;
   double diff_ = 0.0, norm_ = 0.0, scale_ = 0.0;
   bool not_finite_ = false;
 };
-
-// Element `i` of `data` (of `type`) as a double.
-double ElementAt(const void* data, DType type, size_t i) {
-  const auto* bytes = static_cast<const uint8_t*>(data);
-  switch (type) {
-    case DType::kFloat32: {
-      float v;
-      std::memcpy(&v, bytes + 4 * i, 4);
-      return v;
-    }
-    case DType::kFloat64: {
-      double v;
-      std::memcpy(&v, bytes + 8 * i, 8);
-      return v;
-    }
-    case DType::kFloat16:
-    case DType::kBFloat16: {
-      uint16_t v;
-      std::memcpy(&v, bytes + 2 * i, 2);
-      return type == DType::kFloat16 ? HalfToFloat(v) : BFloat16ToFloat(v);
-    }
-  }
-  return 0.0;
-}
 
 // `count` distinct indices of [0, n), in increasing order (Floyd's
 // sampling: `count` draws, no list of all n).
@@ -212,16 +203,8 @@ double GemmRelativeError(const GemmProblem& p, const void* out) {
   std::vector<double> c;
   if (p.beta != 0.0) c = ToDouble(p.c, p.output_type, m * n);
   const std::vector<double> got = ToDouble(out, p.output_type, m * n);
-  ErrorSums sums;
-  for (size_t i = 0; i < m * n; ++i) {
-    double r = p.alpha * ref[i];
-    double scale = p.alpha * p.alpha * squares[i];
-    if (p.beta != 0.0) {
-      r += p.beta * c[i];
-      scale += p.beta * p.beta * c[i] * c[i];
-    }
-    sums.Add(got[i], r, scale);
-  }
+  ErrorSums sums(p);
+  for (size_t i = 0; i < m * n; ++i) sums.Add(got[i], ref[i], squares[i], c.empty() ? 0.0 : c[i]);
   return sums.Relative();
 }
 
@@ -249,7 +232,7 @@ double SampledGemmRelativeError(const GemmProblem& p, const void* out, size_t sa
   }
   const size_t ldd = n;  // Results are dense row-major m x n.
   std::vector<double> ref(cols.size()), squares(cols.size());
-  ErrorSums sums;
+  ErrorSums sums(p);
   for (size_t i : rows) {
     std::fill(ref.begin(), ref.end(), 0.0);
     std::fill(squares.begin(), squares.end(), 0.0);
@@ -264,14 +247,8 @@ double SampledGemmRelativeError(const GemmProblem& p, const void* out, size_t sa
     }
     for (size_t c = 0; c < cols.size(); ++c) {
       const size_t at = i * ldd + cols[c];
-      double r = p.alpha * ref[c];
-      double scale = p.alpha * p.alpha * squares[c];
-      if (p.beta != 0.0) {
-        const double cv = ElementAt(p.c, p.output_type, at);
-        r += p.beta * cv;
-        scale += p.beta * p.beta * cv * cv;
-      }
-      sums.Add(ElementAt(out, p.output_type, at), r, scale);
+      const double cv = p.beta != 0.0 ? ElementAt(p.c, p.output_type, at) : 0.0;
+      sums.Add(ElementAt(out, p.output_type, at), ref[c], squares[c], cv);
     }
   }
   return sums.Relative();
