@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <new>
 #include <utility>
 
@@ -57,6 +58,10 @@ absl::StatusOr<std::unique_ptr<DynamicBatchScheduler>> DynamicBatchScheduler::Cr
   if (options.lanes_per_device < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("lanes_per_device must be >= 1, got ", options.lanes_per_device));
+  }
+  if (options.dispatch_below_running < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dispatch_below_running must be >= 0, got ",
+                                                   options.dispatch_below_running));
   }
   if (options.queue.capacity < 1) {
     return absl::InvalidArgumentError("queue_capacity must be >= 1");
@@ -219,9 +224,10 @@ bool DynamicBatchScheduler::StepLocked(absl::Time now, Reaped* reaped, int self_
     int device = PickDevice(loads);
     std::vector<std::unique_ptr<Job>> jobs;
     if (device >= 0) {
-      const bool idle = options_.dispatch_when_idle &&
-                        devices_[device].load.free_lanes >= options_.lanes_per_device;
-      jobs = queue_.TakeBatch(now, draining_ || idle);
+      const int running = options_.lanes_per_device - devices_[device].load.free_lanes;
+      const int eager_below =
+          std::max(options_.dispatch_when_idle ? 1 : 0, options_.dispatch_below_running);
+      jobs = queue_.TakeBatch(now, draining_ || running < eager_below);
     }
     if (jobs.empty()) {
       if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());

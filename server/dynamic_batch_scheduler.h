@@ -76,6 +76,13 @@ class DynamicBatchScheduler {
     // companions while devices are busy, and an idle device gains nothing
     // from waiting. Under load the devices stay busy and batches still form.
     bool dispatch_when_idle = false;
+    // Generalises dispatch_when_idle: while fewer than this many batches run
+    // on a device, queued jobs go to it at once (1 is dispatch_when_idle).
+    // With several lanes, a second batch can then start while the first
+    // computes, which shortens the wait of requests arriving below
+    // saturation; at saturation every lane is busy and batches form as
+    // before.
+    int dispatch_below_running = 0;
     // Called (from a worker thread) when a device turns unhealthy, with the
     // number of healthy devices left.
     std::function<void(int device, int healthy_left)> on_device_failed;

@@ -73,6 +73,9 @@ ABSL_FLAG(int64_t, max_queue_delay_us, 100,
 ABSL_FLAG(bool, dispatch_when_idle, true,
           "A device with no batch running takes queued jobs at once instead of waiting "
           "--max_queue_delay_us for companions; batches still form while devices are busy.");
+ABSL_FLAG(int, dispatch_below_running, 0,
+          "While fewer than this many batches run on a device, queued jobs go to it at once (1 "
+          "is --dispatch_when_idle); 0 leaves it to --dispatch_when_idle.");
 ABSL_FLAG(double, max_batch_flops, 0,
           "Work budget of one batch in FLOPs (2*M*N*K summed); a larger problem runs alone. 0 "
           "picks 2e10 on the CPU, 1e12 on a GPU.");
@@ -207,6 +210,7 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   config.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   config.lanes_per_device = absl::GetFlag(FLAGS_lanes_per_device);
   config.dispatch_when_idle = absl::GetFlag(FLAGS_dispatch_when_idle);
+  config.dispatch_below_running = absl::GetFlag(FLAGS_dispatch_below_running);
   auto non_negative = [](absl::string_view name, int64_t v) -> absl::Status {
     if (v < 0) return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 0"));
     return absl::OkStatus();
@@ -289,7 +293,8 @@ void LogStartup(const matmul::server::MatmulServer& server) {
             << " max_batch_bytes=" << c.queue.max_batch_bytes
             << " queue_capacity=" << c.queue.capacity
             << " lanes_per_device=" << c.lanes_per_device
-            << " dispatch_when_idle=" << (c.dispatch_when_idle ? "true" : "false");
+            << " dispatch_when_idle=" << (c.dispatch_when_idle ? "true" : "false")
+            << " dispatch_below_running=" << c.dispatch_below_running;
   if (server.backend() == "cpu") {
     // OpenBLAS reads this when it loads, before main(); all we can do here is
     // say what it is. Its default keeps idle BLAS threads spinning on

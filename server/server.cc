@@ -104,6 +104,7 @@ absl::Status MatmulServer::Start() {
   scheduler_options.queue = config_.queue;
   scheduler_options.lanes_per_device = config_.lanes_per_device;
   scheduler_options.dispatch_when_idle = config_.dispatch_when_idle;
+  scheduler_options.dispatch_below_running = config_.dispatch_below_running;
   // With no healthy device left, health says so (a load balancer then
   // routes elsewhere); with some left the server keeps serving on them.
   scheduler_options.on_device_failed = [this](int device, int healthy_left) {
@@ -250,6 +251,8 @@ v1::ServerInfo MatmulServer::Info() const {
   batching->set_default_timeout_ms(absl::ToInt64Milliseconds(config_.default_timeout));
   batching->set_priority_aging_ms(absl::ToInt64Milliseconds(config_.queue.priority_aging));
   batching->set_dispatch_when_idle(config_.dispatch_when_idle);
+  batching->set_dispatch_below_running(static_cast<uint32_t>(config_.dispatch_below_running));
+  batching->set_lanes_per_device(static_cast<uint32_t>(config_.lanes_per_device));
   if (store_ != nullptr) {
     v1::ResidentSettings* resident = info.mutable_resident();
     resident->set_max_bytes(config_.resident.max_bytes);

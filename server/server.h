@@ -43,6 +43,8 @@ struct ServerConfig {
   // A device with no batch running takes queued jobs at once instead of
   // waiting out queue.max_queue_delay (DynamicBatchScheduler::Options).
   bool dispatch_when_idle = true;
+  // DynamicBatchScheduler::Options::dispatch_below_running.
+  int dispatch_below_running = 0;
   // Batching and queue policy. max_batch_flops <= 0 picks a default per
   // backend (CPU 2e10, CUDA 1e12).
   JobQueue::Options queue;

@@ -171,6 +171,48 @@ TEST(DynamicBatchSchedulerTest, AnIdleDeviceTakesAJobWithoutTheDelay) {
   EXPECT_LT(second.outcome.queue_time, absl::Hours(1));
 }
 
+// With dispatch_below_running = 2, a second batch starts while the first
+// runs; only once two run do jobs wait for companions.
+TEST(DynamicBatchSchedulerTest, ASecondBatchStartsWhileOneRuns) {
+  FakeEngine engine("fake:0");
+  engine.Block();
+  DynamicBatchScheduler::Options options = Options(16, absl::Hours(1));
+  options.lanes_per_device = 3;
+  options.dispatch_below_running = 2;
+  auto s = DynamicBatchScheduler::Create(options, {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  Call first, second, third, fourth;
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, first)).ok());
+  engine.WaitForBatches(1);
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, second)).ok());
+  // Gone from Submit itself: only one batch was running.
+  const size_t queued_beside_one = (*s)->QueueDepth();
+  EXPECT_EQ(queued_beside_one, 0u);
+  if (queued_beside_one == 0) engine.WaitForBatches(2);
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, third)).ok());
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, fourth)).ok());
+  EXPECT_EQ((*s)->QueueDepth(), 2u) << "two batches run, so these wait for companions";
+  engine.Unblock();
+  for (Call* c : {&first, &second, &third, &fourth}) {
+    WaitDone(*c);
+    ASSERT_TRUE(c->outcome.status.ok()) << c->outcome.status;
+  }
+  EXPECT_EQ(first.outcome.batch_size, 1u);
+  EXPECT_EQ(second.outcome.batch_size, 1u);
+  EXPECT_EQ(third.outcome.batch_size, 2u);
+  EXPECT_EQ(fourth.outcome.batch_size, 2u);
+}
+
+TEST(DynamicBatchSchedulerTest, RejectsANegativeDispatchBelowRunning) {
+  FakeEngine engine("fake:0");
+  DynamicBatchScheduler::Options options = Options();
+  options.dispatch_below_running = -1;
+  auto s = DynamicBatchScheduler::Create(options, {&engine}, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("dispatch_below_running"), std::string::npos) << s.status();
+}
+
 // Without it (the default), an idle device still waits out the delay.
 TEST(DynamicBatchSchedulerTest, WithoutDispatchWhenIdleTheDelayHolds) {
   FakeEngine engine("fake:0");

@@ -370,6 +370,8 @@ TEST(ServerTest, GetServerInfoDescribesTheServer) {
   config.queue.max_queue_delay = absl::Microseconds(1234);
   config.queue.capacity = 99;
   config.dispatch_when_idle = false;  // Not the default: the reply must follow the config.
+  config.dispatch_below_running = 3;
+  config.lanes_per_device = 5;
   config.limits.max_dim = 5000;
   auto server = StartServer(config);
   auto c = Connect(*server);
@@ -391,6 +393,8 @@ TEST(ServerTest, GetServerInfoDescribesTheServer) {
   EXPECT_EQ(info->batching().queue_capacity(), 99u);
   EXPECT_GT(info->batching().max_batch_flops(), 0);
   EXPECT_FALSE(info->batching().dispatch_when_idle());
+  EXPECT_EQ(info->batching().dispatch_below_running(), 3u);
+  EXPECT_EQ(info->batching().lanes_per_device(), 5u);
 }
 
 TEST(ServerTest, MetricsEndpointExportsTheContractNames) {
