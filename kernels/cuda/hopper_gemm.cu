@@ -273,11 +273,6 @@ __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Arrives on barrier `id` without waiting for the others.
-__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Named barrier of both consumer warpgroups at the end of each tile's main
 // loop (16-bit inputs: the held stage; Consume).
 constexpr int kTileEndBarrier = 3;
@@ -1682,12 +1677,12 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
       // Each warpgroup's store boxes go over operand bytes of the held stage
       // that the other warpgroup's MMAs read (its half holds B columns both
       // multiply by): both main loops are done before either writes. A
-      // warpgroup with no rows in the tile read nothing: it only arrives.
-      if (idle) {
-        NamedBarrierArrive(kTileEndBarrier, 256);
-      } else {
-        NamedBarrier(kTileEndBarrier, 256);
-      }
+      // warpgroup with no rows in the tile (idle) waits too rather than only
+      // arriving: after a bare arrival it could run through the next tile's
+      // stages (a short tile whose k-blocks fit the free stages) and arrive
+      // again, and two arrivals of its 128 threads would complete a barrier
+      // of 256 without the other warpgroup.
+      NamedBarrier(kTileEndBarrier, 256);
     }
     if (Diag(p, kDiagNoStores)) continue;
     if constexpr (kCluster == 1) {
