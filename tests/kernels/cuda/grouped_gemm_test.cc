@@ -853,6 +853,45 @@ TEST_F(GroupedGemmTest, HeldStageEpilogueRepeats) {
   }
 }
 
+// Tiles whose rows all fit the first consumer warpgroup leave the second
+// idle; at the end of every tile both wait for each other before storing
+// over the held stage (hopper_gemm.cu, kTileEndBarrier). Hundreds of short
+// problems, most of them 64 rows or fewer, give each CTA runs of idle tiles
+// of one to three k-blocks between busy ones, where an idle warpgroup that
+// ran ahead would meet the barrier out of step (a hang or a race).
+TEST_F(GroupedGemmTest, RunsOfIdleWarpgroupTiles) {
+  std::uniform_int_distribution<int64_t> rows(1, 64), more_rows(65, 128), eighths(1, 32),
+      k_eighths(1, 24);
+  std::vector<HostProblem> host;
+  for (int i = 0; i < 400; ++i) {
+    host.push_back(MakeHostProblem(i % 4 == 3 ? more_rows(rng_) : rows(rng_), 8 * eighths(rng_),
+                                   8 * k_eighths(rng_), DType::kBFloat16, DType::kBFloat16, rng_,
+                                   false, i & 1));
+  }
+  DeviceBatch batch(host, DType::kBFloat16, DType::kBFloat16);
+  GroupedGemmOptions o;
+  o.input = DType::kBFloat16;
+  o.output = DType::kBFloat16;
+  for (int width : {256, 128}) {
+    o.hopper_tile_n = width;
+    Run(batch, o, nullptr);
+    std::vector<std::vector<uint8_t>> first;
+    for (size_t i = 0; i < host.size(); ++i) {
+      first.push_back(batch.Download(i));
+      EXPECT_LE(CheckAgainstReference(host[i], first.back(), o.input, o.output), 1e-2)
+          << "problem " << i << " width " << width;
+    }
+    for (int rep = 0; rep < 30; ++rep) {
+      ASSERT_TRUE(batch.Poison());
+      Run(batch, o, nullptr);
+      for (size_t i = 0; i < host.size(); ++i) {
+        ASSERT_EQ(batch.Download(i), first[i])
+            << "problem " << i << " moved at launch " << rep << " (width " << width << ")";
+      }
+    }
+  }
+}
+
 // The SIMT kernels' persistent blocks claim tiles from a counter that the
 // last block sets back to zero: launched again and again, every tile is
 // claimed once (a counter left behind would leave outputs poisoned, a tile
