@@ -48,9 +48,14 @@
 // Epilogue: where a problem has no C to read (beta = 0) and D's rows are
 // 16-byte aligned, each consumer warpgroup writes its 64 x BN accumulators
 // (times alpha, converted) into shared memory in 128-byte-swizzled boxes of
-// 64 rows x 128 bytes, two buffers in turn, and one thread TMA-stores each
-// box. The stores drain while the warpgroup goes back to its main loop, and
-// TMA clips edge tiles. Other problems store from registers (Epilogue).
+// 64 rows x 128 bytes, and one thread TMA-stores each box. With 16-bit
+// inputs the tile's last stage stays out of the ring until the next tile's
+// first MMAs are issued (MainLoop's kHold) and lends each warpgroup half of
+// itself, so that with the two buffers after the stages a 128 x 256 tile's
+// four boxes a warpgroup never wait for each other; TF32 tiles take the two
+// buffers in turn. The stores drain while the warpgroup goes back to its
+// main loop, and TMA clips edge tiles. Other problems store from registers
+// (Epilogue).
 // Measured on the H200 (docs/BENCHMARKS.md): the register epilogue cost
 // 8-12% of a large problem's time, more for small grouped problems.
 //
@@ -262,10 +267,15 @@ __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// Barrier `id` (1-15) over `threads` threads (one warpgroup).
+// Barrier `id` (1-15) over `threads` threads (one warpgroup, or both
+// consumer warpgroups).
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+
+// Named barrier of both consumer warpgroups at the end of each tile's main
+// loop (16-bit inputs: the held stage; Consume).
+constexpr int kTileEndBarrier = 3;
 
 __device__ __forceinline__ unsigned long long LoadAcquire(const unsigned long long* p) {
   unsigned long long v;
@@ -578,6 +588,9 @@ struct Layout {
   static constexpr int kTurnBlocksOffset = kTurnOffset + 16;
   static constexpr int kMapOffset = (kTurnBlocksOffset + 8 + 127) / 128 * 128;
   static constexpr int kBytes = kMapOffset + kMapWarps * 3 * 128 + 1024;  // + alignment slack
+  // A held stage (16-bit inputs: MainLoop's kHold) lends each consumer
+  // warpgroup half of it, this many store boxes, for its tile's epilogue.
+  static constexpr int kHeldBoxes = kStageBytes / 2 / kStoreBufferBytes;
   static_assert(kBarrierOffset % 16 == 0 && kStageInfoOffset % 16 == 0, "TileInfo alignment");
   static_assert(kBytes <= 227 * 1024, "over the shared memory of one SM");
 };
@@ -1049,27 +1062,45 @@ __device__ void Epilogue(const DeviceGemmProblem& pr, const float (&acc)[BN / 2]
 
 // Writes a consumer warpgroup's 64 x BN accumulators (times alpha) through
 // shared memory with TMA stores: the tile goes in boxes of 64 rows x 128
-// bytes, alternating between the warpgroup's two buffers, so that writing
-// one box overlaps the store of the one before. The stores run on after the
-// warpgroup returns to its main loop; TMA clips rows and columns outside
-// the problem. Boxes start below `width` (the tile's MMA width) only.
-// `stores` counts this warpgroup's boxes (it picks the buffer).
-template <typename TOut, int BN>
+// bytes. The stores run on after the warpgroup returns to its main loop;
+// TMA clips rows and columns outside the problem. Boxes start below `width`
+// (the tile's MMA width) only.
+//
+// kHeld (16-bit inputs, `held`: this warpgroup's half of the stage
+// MainLoop kept): every earlier store has finished reading (ReleaseHeld), and
+// the boxes take the two buffers, then the held half's kHeldBoxes, in turn,
+// waiting only where a box comes back to a slot of this tile's: a 128 x 256
+// tile of 16-bit outputs (four boxes) never waits. Otherwise the boxes
+// alternate between the two buffers, each waiting for the store two boxes
+// back, and `stores` (this warpgroup's boxes so far) picks the buffer.
+template <typename TOut, int BN, bool kHeld>
 __device__ void EpilogueTma(float alpha, const CUtensorMap* map_d, const float (&acc)[BN / 2],
-                            int row0, int col0, int width, uint8_t* buffers, int wg, int& stores) {
+                            int row0, int col0, int width, uint8_t* buffers, uint8_t* held,
+                            int wg, int& stores) {
   constexpr int kCols = kRowBytes / static_cast<int>(sizeof(TOut));  // Columns per box.
   constexpr int kBoxes = BN / kCols;
   constexpr int kBufferBytes = Layout<BN>::kStoreBufferBytes;
+  constexpr int kSlots = 2 + Layout<BN>::kHeldBoxes;  // With a held stage.
   const int t = threadIdx.x & 127;
   const int warp = t >> 5, lane = t & 31;
   const bool leader = t == 0;
 #pragma unroll
   for (int box = 0; box < kBoxes; ++box, ++stores) {
     if (box * kCols >= width) break;  // An edge tile's boxes end at its MMA width.
-    uint8_t* buffer = buffers + (stores & 1) * kBufferBytes;
-    // The store that last read this buffer (two boxes ago) is done reading.
-    if (leader) BulkWaitRead<1>();
-    NamedBarrier(1 + wg, 128);
+    uint8_t* buffer;
+    if constexpr (kHeld) {
+      const int slot = box % kSlots;
+      buffer = slot < 2 ? buffers + slot * kBufferBytes : held + (slot - 2) * kBufferBytes;
+      if (box >= kSlots) {  // The store kSlots boxes back is done reading.
+        if (leader) BulkWaitRead<kSlots - 1>();
+        NamedBarrier(1 + wg, 128);
+      }
+    } else {
+      buffer = buffers + (stores & 1) * kBufferBytes;
+      // The store that last read this buffer (two boxes ago) is done reading.
+      if (leader) BulkWaitRead<1>();
+      NamedBarrier(1 + wg, 128);
+    }
 #pragma unroll
     for (int jj = 0; jj < kCols / 8; ++jj) {
       const int j = box * (kCols / 8) + jj;  // 8-column group of the accumulators
@@ -1178,13 +1209,14 @@ __device__ void EpilogueTmaTransposed(float alpha, const CUtensorMap* map_d,
 
 // Stores a consumer warpgroup's 64 x BN accumulators as the rows from
 // `row0` of tile `ti`: by TMA through `map_d` (acquired by the caller)
-// where the tile's flags say so, else from registers. `width`, `buffers`,
-// `wg` and `stores` as for EpilogueTma.
-template <typename T, int BN>
+// where the tile's flags say so, else from registers. kHeld, `width`,
+// `buffers`, `held`, `wg` and `stores` as for EpilogueTma (the transposed
+// epilogue takes no held stage: TF32 inputs hold none).
+template <typename T, int BN, bool kHeld>
 __device__ __forceinline__ void StoreRows(const Params& p, const TileInfo& ti,
                                           const CUtensorMap* map_d, const float (&acc)[BN / 2],
-                                          int row0, int width, uint8_t* buffers, int wg,
-                                          int& stores) {
+                                          int row0, int width, uint8_t* buffers, uint8_t* held,
+                                          int wg, int& stores) {
   if constexpr (sizeof(T) == 4) {
     if (ti.flags & kInfoTransposeD) {  // TF32: float32 out, never narrow.
       if (ti.flags & kInfoTmaStore) {
@@ -1198,14 +1230,16 @@ __device__ __forceinline__ void StoreRows(const Params& p, const TileInfo& ti,
   if (ti.flags & kInfoTmaStore) {
     switch (p.output) {
       case DType::kFloat32:
-        EpilogueTma<float, BN>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, wg, stores);
+        EpilogueTma<float, BN, kHeld>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, held, wg,
+                               stores);
         break;
       case DType::kBFloat16:
-        EpilogueTma<__nv_bfloat16, BN>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, wg,
-                                       stores);
+        EpilogueTma<__nv_bfloat16, BN, kHeld>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, held,
+                                       wg, stores);
         break;
       default:
-        EpilogueTma<__half, BN>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, wg, stores);
+        EpilogueTma<__half, BN, kHeld>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, held, wg,
+                                stores);
         break;
     }
     return;
@@ -1271,11 +1305,45 @@ __device__ __forceinline__ uint64_t DescB(uint32_t sb, int j) {
   }
 }
 
+// 16-bit inputs hold each tile's last stage for its epilogue (MainLoop's
+// kHold; SkipStages too), and every tile has at least one k-block (the
+// launcher sends problems with K = 0 elsewhere). So between tiles, with `seq`
+// the next k-block, the held stage is always that of k-block seq - 1, and
+// there is one whenever seq > 0: no state to keep, which would cost the
+// consumers a register they do not have (ptxas spilled with a flag).
+template <int BN>
+__device__ __forceinline__ int HeldStage(int seq) {
+  return (seq - 1) % Layout<BN>::kStages;
+}
+
+// Gives back the stage held for the epilogue of the warpgroup's tile before
+// (HeldStage(seq), seq > 0), once this warpgroup's TMA stores have all
+// finished reading shared memory (its first thread issued them and waits;
+// the others wait for it at the warpgroup's barrier). Afterwards every store
+// buffer is free, so the next epilogue writes its first boxes without
+// waiting.
+template <int BN, int kCluster>
+__device__ __forceinline__ void ReleaseHeld(uint64_t* empty, int seq, int wg) {
+  if ((threadIdx.x & 127) == 0) BulkWaitRead<0>();
+  NamedBarrier(1 + wg, 128);
+  Release<kCluster>(empty, HeldStage<BN>(seq));
+}
+
 // A consumer warpgroup's k-blocks of one tile: MMAs kN wide (BN, or less
 // for an edge tile: they then write only the first kN / 2 accumulators,
 // the columns they cover, which hold the same places as in a full-width
 // MMA).
-template <typename T, int BN, int kN, int kCluster, int kAmn, int kBmn>
+//
+// kHold (16-bit inputs): the tile's last stage is not given back when its
+// MMAs are done but kept (HeldStage) for the epilogue's store boxes
+// (EpilogueTma), so that a 128 x 256 tile's four boxes a warpgroup never
+// wait for each other; the stage held for the tile before goes back after
+// this tile's first MMAs are issued (ReleaseHeld), while the loader still
+// has the ring's other stages to fill. Shared memory has room for two
+// 8 KiB buffers a warpgroup besides the four 48 KiB stages; lending one of
+// the four to the epilogue for good cost single problems 4-5%
+// (docs/BENCHMARKS.md, eighteenth round).
+template <typename T, int BN, int kN, int kCluster, int kAmn, int kBmn, bool kHold>
 __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, uint64_t* full,
                                          uint64_t* empty, int kblocks, int& seq, int wg,
                                          bool no_mma) {
@@ -1285,7 +1353,8 @@ __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, 
   constexpr int kSteps = BK / Elem<T>::kStep;
   float(&part)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0]);
   int previous = -1;  // Stage whose MMAs may still be running.
-  for (int kb = 0; kb < kblocks; ++kb, ++seq) {
+  // One k-block (the next, `seq`): its MMAs issued, the block before's done.
+  auto block = [&]() {
     const int s = seq % L::kStages;
     MbarWait(&full[s], (seq / L::kStages) & 1);
     const uint32_t sa = SmemAddr(stages + s * L::kStageBytes);
@@ -1304,46 +1373,59 @@ __device__ __forceinline__ void MainLoop(float (&acc)[BN / 2], uint8_t* stages, 
     FenceRegisters(acc);
     if (previous >= 0) Release<kCluster>(empty, previous);
     previous = s;
-  }
+    ++seq;
+  };
+  // Every tile has a k-block (HeldStage). The first is peeled off, so that
+  // the stage held for the tile before goes back with its MMAs in flight:
+  // the test inside the loop cost the consumers registers (ptxas spilled).
+  block();
+  if (kHold && seq > 1) ReleaseHeld<BN, kCluster>(empty, seq - 1, wg);
+  for (int kb = 1; kb < kblocks; ++kb) block();
   WgmmaWait<0>();
   FenceRegisters(acc);
-  if (previous >= 0) Release<kCluster>(empty, previous);
+  if (!kHold && previous >= 0) Release<kCluster>(empty, previous);  // Else HeldStage(seq).
 }
 
 // A consumer warpgroup with no rows in the tile (kInfoFirstHalf): waits for
 // each of the tile's stages and gives it back, issuing no MMA. (A run-time
 // test around MainLoop's wgmma instead makes ptxas serialize every wgmma of
 // the kernel, warning C7520.)
+// Like MainLoop (16-bit inputs only), it gives back the stage held for the
+// tile before and holds the tile's last (HeldStage).
 template <int BN, int kCluster>
-__device__ __forceinline__ void SkipStages(uint64_t* full, uint64_t* empty, int kblocks, int& seq) {
+__device__ __forceinline__ void SkipStages(uint64_t* full, uint64_t* empty, int kblocks, int& seq,
+                                           int wg) {
   using L = Layout<BN>;
+  if (seq > 0) ReleaseHeld<BN, kCluster>(empty, seq, wg);
   for (int kb = 0; kb < kblocks; ++kb, ++seq) {
     const int s = seq % L::kStages;
     MbarWait(&full[s], (seq / L::kStages) & 1);
-    Release<kCluster>(empty, s);
+    if (kb + 1 < kblocks) Release<kCluster>(empty, s);
   }
 }
 
 // MainLoop at the tile's MMA width (NarrowShift of its flags).
+// 16-bit inputs: the tile's last stage is held for its epilogue (kHold).
 template <typename T, int BN, int kCluster, int kAmn, int kBmn>
 __device__ __forceinline__ void MainLoopAtWidth(int shift, float (&acc)[BN / 2], uint8_t* stages,
                                                 uint64_t* full, uint64_t* empty, int kblocks,
                                                 int& seq, int wg, bool no_mma) {
   if constexpr (kCluster == 1 && BN / 4 >= 64) {
     if (shift == 2) {
-      MainLoop<T, BN, BN / 4, kCluster, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, wg,
-                                                    no_mma);
+      MainLoop<T, BN, BN / 4, kCluster, kAmn, kBmn, true>(acc, stages, full, empty, kblocks, seq,
+                                                          wg, no_mma);
       return;
     }
   }
   if constexpr (kCluster == 1 && BN / 2 >= 64) {
     if (shift == 1) {
-      MainLoop<T, BN, BN / 2, kCluster, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, wg,
-                                                    no_mma);
+      MainLoop<T, BN, BN / 2, kCluster, kAmn, kBmn, true>(acc, stages, full, empty, kblocks, seq,
+                                                          wg, no_mma);
       return;
     }
   }
-  MainLoop<T, BN, BN, kCluster, kAmn, kBmn>(acc, stages, full, empty, kblocks, seq, wg, no_mma);
+  MainLoop<T, BN, BN, kCluster, kAmn, kBmn, true>(acc, stages, full, empty, kblocks, seq, wg,
+                                                  no_mma);
 }
 
 // TF32 MMA of width BN with A from registers.
@@ -1569,7 +1651,7 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
     const bool no_mma = Diag(p, kDiagNoMma);
     const int shift = NarrowShift(ti.flags);
     if (idle) {
-      SkipStages<BN, kCluster>(full, empty, kblocks, seq);
+      SkipStages<BN, kCluster>(full, empty, kblocks, seq, wg);
     } else if constexpr (sizeof(T) == 4) {
       // TF32 tiles are never trimmed (EdgeFlags is for 16-bit inputs). B is
       // always K-major (the launcher sees to it); A stored k x m goes
@@ -1577,7 +1659,8 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
       if (ti.flags & kInfoTransposeA) {
         MainLoopRegA<BN, kCluster>(acc, stages, full, empty, kblocks, seq, wg, no_mma);
       } else {
-        MainLoop<T, BN, BN, kCluster, 0, 0>(acc, stages, full, empty, kblocks, seq, wg, no_mma);
+        MainLoop<T, BN, BN, kCluster, 0, 0, false>(acc, stages, full, empty, kblocks, seq, wg,
+                                                   no_mma);
       }
     } else {
       const int layout =
@@ -1590,6 +1673,17 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
       }
     }
     MATMUL_TRACE(tr[3] = clock64();)
+    if constexpr (sizeof(T) == 2) {
+      // Each warpgroup's store boxes go over operand bytes of the held stage
+      // that the other warpgroup's MMAs read (its half holds B columns both
+      // multiply by): both main loops are done before either writes. A
+      // warpgroup with no rows in the tile (idle) waits too rather than only
+      // arriving: after a bare arrival it could run through the next tile's
+      // stages (a short tile whose k-blocks fit the free stages) and arrive
+      // again, and two arrivals of its 128 threads would complete a barrier
+      // of 256 without the other warpgroup.
+      NamedBarrier(kTileEndBarrier, 256);
+    }
     if (Diag(p, kDiagNoStores)) continue;
     if constexpr (kCluster == 1) {
       // This warpgroup's split flag: the ints after the loader's count
@@ -1607,8 +1701,16 @@ __device__ void Consume(const Params& p, const Smem<BN>& sm) {
     }
     const CUtensorMap* map_d = Map(p, ti.problem, 2);
     AcquireStoreMap(p, ti, map_d, acquired_d);
-    StoreRows<T, BN>(p, ti, map_d, acc, ti.m0 + wg * 64, BN >> shift, store_buffers, wg, stores);
+    // 16-bit inputs: this warpgroup's half of the held stage lends the
+    // epilogue its boxes.
+    constexpr bool kHeld = sizeof(T) == 2;
+    uint8_t* held_half = stages + HeldStage<BN>(seq) * L::kStageBytes + wg * (L::kStageBytes / 2);
+    StoreRows<T, BN, kHeld>(p, ti, map_d, acc, ti.m0 + wg * 64, BN >> shift, store_buffers,
+                            held_half, wg, stores);
     MATMUL_TRACE(tr[5] = clock64(); record();)
+  }
+  if constexpr (sizeof(T) == 2) {
+    if (seq > 0) ReleaseHeld<BN, kCluster>(empty, seq, wg);
   }
   // Shared memory must outlive the last stores' reads, and their writes
   // must land before the grid ends.
@@ -1779,9 +1881,10 @@ __device__ void ConsumePing(const Params& p, const Smem<BN>& sm) {
     // stack, and every MMA went through it.
     const float(&top)[BN / 2] = *reinterpret_cast<const float(*)[BN / 2]>(&acc[0]);
     const float(&bottom)[BN / 2] = *reinterpret_cast<const float(*)[BN / 2]>(&acc[BN / 2]);
-    StoreRows<T, BN>(p, ti, map_d, top, ti.m0, width, store_buffers, wg, stores);
+    StoreRows<T, BN, false>(p, ti, map_d, top, ti.m0, width, store_buffers, nullptr, wg, stores);
     if (!one_half) {  // Otherwise rows 64-127 lie below the problem.
-      StoreRows<T, BN>(p, ti, map_d, bottom, ti.m0 + 64, width, store_buffers, wg, stores);
+      StoreRows<T, BN, false>(p, ti, map_d, bottom, ti.m0 + 64, width, store_buffers, nullptr,
+                              wg, stores);
     }
   }
   // Shared memory must outlive the last stores' reads, and their writes

@@ -800,6 +800,98 @@ TEST_F(GroupedGemmTest, RepeatedLaunchesGiveIdenticalResults) {
   }
 }
 
+// 16-bit inputs keep each tile's last stage for its epilogue's store boxes
+// and give it back during the next tile's first k-block (hopper_gemm.cu,
+// MainLoop's kHold). Tiles of one k-block (the stage goes back right after
+// it was held), tiles whose second warpgroup is idle (it holds a stage it
+// never stores from), narrow edge tiles, float32 outputs (eight boxes a
+// warpgroup: they wait for boxes of their own tile), every width and pairs
+// of CTAs (whose peers write into the held stage once it is back): each of
+// many launches must give the first launch's bits, and the first must be
+// right.
+TEST_F(GroupedGemmTest, HeldStageEpilogueRepeats) {
+  // Multiples of 8, so that rows are 16-byte aligned and every problem takes
+  // the Hopper path; every fourth problem has at most 45 rows (not
+  // transposed), every third at most one k-block.
+  std::uniform_int_distribution<int64_t> eighths(1, 75), kblock_eighths(1, 18);
+  for (DType out : {DType::kBFloat16, DType::kFloat32}) {
+    std::vector<HostProblem> host;
+    for (int i = 0; i < 48; ++i) {
+      host.push_back(MakeHostProblem(i % 4 == 0 ? 1 + i : 8 * ((eighths(rng_) + 1) / 2),
+                                     8 * eighths(rng_),
+                                     i % 3 == 0 ? 8 * (1 + i % 8) : 8 * kblock_eighths(rng_),
+                                     DType::kBFloat16, out, rng_, i & 1, i & 2, 1.0,
+                                     i % 11 == 0 ? 0.5 : 0.0));
+    }
+    host.push_back(MakeHostProblem(1024, 1024, 1024, DType::kBFloat16, out, rng_));
+    DeviceBatch batch(host, DType::kBFloat16, out);
+    GroupedGemmOptions o;
+    o.input = DType::kBFloat16;
+    o.output = out;
+    for (auto [width, cluster] : {std::pair{256, 1}, std::pair{256, 2}, std::pair{128, 1},
+                                  std::pair{64, 1}}) {
+      o.hopper_tile_n = width;
+      o.hopper_cluster = cluster;
+      Run(batch, o, nullptr);
+      std::vector<std::vector<uint8_t>> first;
+      for (size_t i = 0; i < host.size(); ++i) {
+        first.push_back(batch.Download(i));
+        EXPECT_LE(CheckAgainstReference(host[i], first.back(), o.input, o.output), 1e-2)
+            << "problem " << i << " width " << width << " cluster " << cluster << " out "
+            << DTypeName(out);
+      }
+      for (int rep = 0; rep < 40; ++rep) {
+        ASSERT_TRUE(batch.Poison());
+        Run(batch, o, nullptr);
+        for (size_t i = 0; i < host.size(); ++i) {
+          ASSERT_EQ(batch.Download(i), first[i])
+              << "problem " << i << " moved at launch " << rep << " (width " << width
+              << ", cluster " << cluster << ", out " << DTypeName(out) << ")";
+        }
+      }
+    }
+  }
+}
+
+// Tiles whose rows all fit the first consumer warpgroup leave the second
+// idle; at the end of every tile both wait for each other before storing
+// over the held stage (hopper_gemm.cu, kTileEndBarrier). Hundreds of short
+// problems, most of them 64 rows or fewer, give each CTA runs of idle tiles
+// of one to three k-blocks between busy ones, where an idle warpgroup that
+// ran ahead would meet the barrier out of step (a hang or a race).
+TEST_F(GroupedGemmTest, RunsOfIdleWarpgroupTiles) {
+  std::uniform_int_distribution<int64_t> rows(1, 64), more_rows(65, 128), eighths(1, 32),
+      k_eighths(1, 24);
+  std::vector<HostProblem> host;
+  for (int i = 0; i < 400; ++i) {
+    host.push_back(MakeHostProblem(i % 4 == 3 ? more_rows(rng_) : rows(rng_), 8 * eighths(rng_),
+                                   8 * k_eighths(rng_), DType::kBFloat16, DType::kBFloat16, rng_,
+                                   false, i & 1));
+  }
+  DeviceBatch batch(host, DType::kBFloat16, DType::kBFloat16);
+  GroupedGemmOptions o;
+  o.input = DType::kBFloat16;
+  o.output = DType::kBFloat16;
+  for (int width : {256, 128}) {
+    o.hopper_tile_n = width;
+    Run(batch, o, nullptr);
+    std::vector<std::vector<uint8_t>> first;
+    for (size_t i = 0; i < host.size(); ++i) {
+      first.push_back(batch.Download(i));
+      EXPECT_LE(CheckAgainstReference(host[i], first.back(), o.input, o.output), 1e-2)
+          << "problem " << i << " width " << width;
+    }
+    for (int rep = 0; rep < 30; ++rep) {
+      ASSERT_TRUE(batch.Poison());
+      Run(batch, o, nullptr);
+      for (size_t i = 0; i < host.size(); ++i) {
+        ASSERT_EQ(batch.Download(i), first[i])
+            << "problem " << i << " moved at launch " << rep << " (width " << width << ")";
+      }
+    }
+  }
+}
+
 // The SIMT kernels' persistent blocks claim tiles from a counter that the
 // last block sets back to zero: launched again and again, every tile is
 // claimed once (a counter left behind would leave outputs poisoned, a tile
