@@ -33,24 +33,12 @@ nvidia-smi -L >"$out/nvidia-smi.txt" 2>&1
 gpus=$(grep -c '^GPU ' "$out/nvidia-smi.txt")
 echo "nvidia-smi: $gpus GPUs"
 
-server_pid=
-start_server() {  # flags...
-  rm -f "$out/ports"
-  "$bin/matmul-server" --backend=cuda --listen=127.0.0.1:50061 --metrics_listen=127.0.0.1:9191 \
-      --port_file="$out/ports" "$@" >>"$out/server.log" 2>&1 &
-  server_pid=$!
-  for _ in $(seq 600); do
-    [[ -s $out/ports ]] && return 0
-    kill -0 "$server_pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "server did not start"; tail -3 "$out/server.log"; server_pid=; return 1
-}
-stop_server() { kill -TERM "$server_pid"; wait "$server_pid"; server_pid=; }
+server=("$bin/matmul-server" --backend=cuda --listen=127.0.0.1:50061
+        --metrics_listen=127.0.0.1:9191)
 trap '[[ -n $server_pid ]] && kill $server_pid 2>/dev/null' EXIT
 
 # 1. What a default server sees.
-if start_server; then
+if start_server "${server[@]}"; then
   "$bin/matmul-cli" info --target=127.0.0.1:50061 >"$out/server_info.txt" 2>&1
   stop_server
   echo "GetServerInfo: $(grep -c 'cuda:' "$out/server_info.txt") cuda devices"
@@ -66,7 +54,7 @@ rm -f "$json"
 for n in 1 2 4 8; do
   (( n <= gpus )) || break
   devices=$(seq -s, 0 $((n - 1)))
-  start_server --devices="$devices" || continue
+  start_server "${server[@]}" --devices="$devices" || continue
   cpu0=$(awk '/^cpu /{print $2 + $3 + $4, $5}' /proc/stat)
   common=(--target=127.0.0.1:50061 --channels=16 --duration_s="$dur" --warmup_s=0.5
           --json="$json" --label="gpus=$n" --dtypes=bf16 --modes=unary)

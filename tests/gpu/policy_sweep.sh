@@ -24,24 +24,18 @@ read -r -a settings <<<"${SETTINGS:-d100: d25:--max_queue_delay_us=25 d0:--max_q
 
 "$bin/matmul-bench" serve-echo --listen=127.0.0.1:50052 >"$out/echo.log" 2>&1 &
 echo_pid=$!
-server_pid=
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/run_step.sh"
 trap 'kill $echo_pid $server_pid 2>/dev/null' EXIT
-start_server() {  # flags...
-  rm -f "$out/ports"
-  "$bin/matmul-server" --backend="$backend" --listen=127.0.0.1:50051 \
-      --metrics_listen=127.0.0.1:0 --port_file="$out/ports" "$@" >>"$out/server.log" 2>&1 &
-  server_pid=$!
-  for _ in $(seq 600); do [[ -s $out/ports ]] && return 0; sleep 0.1; done
-  echo "server did not start"; tail "$out/server.log"; return 1
-}
-stop_server() { kill -TERM "$server_pid"; wait "$server_pid"; server_pid=; }
+server=("$bin/matmul-server" --backend="$backend" --listen=127.0.0.1:50051
+        --metrics_listen=127.0.0.1:0)
 
 for ((r = 1; r <= rounds; ++r)); do
   for item in "${settings[@]}"; do
     name=${item%%:*} flags=${item#*:}
     IFS=, read -r -a extra <<<"$flags"
     echo "round $r: $name ${extra[*]}" | tee -a "$out/server.log"
-    start_server "${extra[@]}" || exit 1
+    start_server "${server[@]}" "${extra[@]}" || exit 1
     echo_arg=()
     [[ $r == 1 && $item == "${settings[0]}" ]] && echo_arg=(--echo_target=127.0.0.1:50052)
     "$bin/matmul-bench" run --target=127.0.0.1:50051 "${echo_arg[@]}" --channels=8 \

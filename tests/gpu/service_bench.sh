@@ -15,19 +15,14 @@ dur=2 warm=0.3 small_conc=1,16,64,256,512 big_conc=1,8,32
 
 "$bin/matmul-bench" serve-echo --listen=127.0.0.1:50052 >"$out/echo.log" 2>&1 &
 echo_pid=$!
-start_server() {  # flags...
-  rm -f "$out/ports"
-  "$bin/matmul-server" --backend=cuda --listen=127.0.0.1:50051 --metrics_listen=127.0.0.1:9090 \
-      --port_file="$out/ports" "$@" >>"$out/server.log" 2>&1 &
-  server_pid=$!
-  for _ in $(seq 600); do [[ -s $out/ports ]] && return 0; sleep 0.1; done
-  echo "server did not start"; tail "$out/server.log"; return 1
-}
-stop_server() { kill -TERM $server_pid; wait $server_pid; }
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$here/run_step.sh"
+server=("$bin/matmul-server" --backend=cuda --listen=127.0.0.1:50051
+        --metrics_listen=127.0.0.1:9090)
 trap 'kill $echo_pid $server_pid 2>/dev/null' EXIT
 common=(--target=127.0.0.1:50051 --channels=8 --duration_s=$dur --warmup_s=$warm --json="$json")
 
-start_server || exit 1
+start_server "${server[@]}" || exit 1
 "$bin/matmul-bench" run "${common[@]}" --echo_target=127.0.0.1:50052 --label=batching-on \
     --shapes=small --dtypes=bf16,f32 --concurrency=$small_conc --modes=unary,stream
 "$bin/matmul-bench" run "${common[@]}" --echo_target=127.0.0.1:50052 --label=batching-on \
@@ -35,7 +30,7 @@ start_server || exit 1
 curl -s 127.0.0.1:9090/metrics | grep -E '^matmul_(batch_size_(sum|count)|requests_total|rejected_total)' >"$out/metrics_on.txt"
 stop_server
 
-start_server --max_batch_size=1 || exit 1
+start_server "${server[@]}" --max_batch_size=1 || exit 1
 "$bin/matmul-bench" run "${common[@]}" --label=batching-off \
     --shapes=small --dtypes=bf16,f32 --concurrency=$small_conc --modes=unary
 stop_server
