@@ -40,9 +40,8 @@ TEST(ServerProcessTest, HelpDocumentsEveryFlag) {
        {"--listen", "--metrics_listen", "--backend", "--devices", "--max_batch_size",
         "--max_queue_delay_us", "--max_batch_flops", "--queue_capacity", "--max_request_bytes",
         "--max_response_bytes", "--max_dim", "--default_timeout_ms", "--priority_aging_ms",
-        "--shutdown_grace_s", "--lanes_per_device", "--dispatch_when_idle", "--dispatch_below_running",
-        "--cpu_workers",
-        "--gpu_memory_fraction"}) {
+        "--shutdown_grace_s", "--lanes_per_device", "--dispatch_when_idle",
+        "--dispatch_below_running", "--cpu_workers", "--gpu_memory_fraction"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
   EXPECT_THAT(out, HasSubstr("MATMUL_"));
