@@ -72,6 +72,9 @@ absl::StatusOr<std::unique_ptr<DynamicBatchScheduler>> DynamicBatchScheduler::Cr
   if (options.queue.max_queue_delay < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("max_queue_delay must be >= 0");
   }
+  if (options.queue.max_queue_gap < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("max_queue_gap must be >= 0");
+  }
   return std::unique_ptr<DynamicBatchScheduler>(
       new DynamicBatchScheduler(options, std::move(engines), metrics));
 }

@@ -19,6 +19,7 @@ absl::Status JobQueue::Push(std::unique_ptr<Job>& job, absl::Time now) {
         job_bytes, options_.max_bytes));
   }
   job->enqueued = now;
+  last_push_ = std::max(last_push_, now);
   const uint64_t id = job->id;
   const int32_t priority = job->priority;
   const absl::Time deadline = job->deadline;
@@ -86,6 +87,14 @@ absl::Time JobQueue::OldestEnqueue() const {
   return oldest;
 }
 
+absl::Time JobQueue::DueAt() const {
+  absl::Time due = OldestEnqueue() + options_.max_queue_delay;
+  if (options_.max_queue_gap > absl::ZeroDuration()) {
+    due = std::min(due, last_push_ + options_.max_queue_gap);
+  }
+  return due;
+}
+
 std::vector<std::unique_ptr<Job>> JobQueue::TakeBatch(absl::Time now, bool flush) {
   if (empty()) return {};
   const Job& leader = Leader(now);
@@ -115,7 +124,7 @@ std::vector<std::unique_ptr<Job>> JobQueue::TakeBatch(absl::Time now, bool flush
       }
     }
   }
-  if (!full && !flush && now < OldestEnqueue() + options_.max_queue_delay) return {};
+  if (!full && !flush && now < DueAt()) return {};
 
   std::vector<std::unique_ptr<Job>> batch;
   batch.reserve(members.size());
@@ -138,7 +147,7 @@ std::vector<std::unique_ptr<Job>> JobQueue::TakeAll() {
 
 absl::Time JobQueue::NextEvent() const {
   if (empty()) return absl::InfiniteFuture();
-  absl::Time next = OldestEnqueue() + options_.max_queue_delay;
+  absl::Time next = DueAt();
   if (!deadlines_.empty()) next = std::min(next, deadlines_.begin()->first);
   return next;
 }

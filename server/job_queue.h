@@ -18,7 +18,9 @@
 //    `max_batch_flops` of work and `max_batch_bytes` of operands and results
 //    (the leader always goes, even when it alone is over a budget).
 //  * A batch is released when it is full (size or work), when the oldest
-//    queued job has waited `max_queue_delay`, or when the caller flushes.
+//    queued job has waited `max_queue_delay`, when no job has joined the
+//    queue for `max_queue_gap` (arrivals paused; off when zero), or when the
+//    caller flushes.
 //  * Deadlines: TakeExpired hands back every job whose deadline has passed.
 #ifndef MATMUL_SERVER_JOB_QUEUE_H_
 #define MATMUL_SERVER_JOB_QUEUE_H_
@@ -56,6 +58,12 @@ class JobQueue {
     uint64_t max_batch_bytes = uint64_t{256} << 20;
     // Longest the oldest job waits for companions.
     absl::Duration max_queue_delay = absl::Microseconds(100);
+    // When positive, a partial batch is also due once no job has joined the
+    // queue for this long: callers that send in bursts (a closed loop of a
+    // few clients, answered together) have all arrived, and waiting out the
+    // rest of max_queue_delay would gather nobody. Under steady load the
+    // gaps stay short and max_queue_delay decides as before.
+    absl::Duration max_queue_gap = absl::ZeroDuration();
     // Waiting this long raises a job's effective priority by one.
     absl::Duration priority_aging = absl::Milliseconds(100);
   };
@@ -80,7 +88,8 @@ class JobQueue {
   std::vector<std::unique_ptr<Job>> TakeAll();
 
   // The earliest time at which TakeExpired or TakeBatch may give something
-  // without a new Push: the next deadline or the oldest job's delay expiry.
+  // without a new Push: the next deadline, the oldest job's delay expiry or
+  // the end of the current gap in arrivals.
   absl::Time NextEvent() const;
 
   // The earliest deadline of a queued job (InfiniteFuture when none).
@@ -105,6 +114,9 @@ class JobQueue {
   const Job& Leader(absl::Time now) const;
   // Enqueue time of the oldest job; queue must not be empty.
   absl::Time OldestEnqueue() const;
+  // When a partial batch is due without a flush (delay or gap); queue must
+  // not be empty.
+  absl::Time DueAt() const;
   // Unlinks a job from every index and returns it.
   std::unique_ptr<Job> Unlink(uint64_t id);
 
@@ -117,6 +129,8 @@ class JobQueue {
   std::set<std::pair<absl::Time, uint64_t>> deadlines_;
   // Sum of ProblemBytes of queued jobs.
   uint64_t bytes_ = 0;
+  // When the latest job was pushed (for max_queue_gap).
+  absl::Time last_push_ = absl::InfinitePast();
 };
 
 }  // namespace matmul::server

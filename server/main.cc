@@ -70,6 +70,10 @@ ABSL_FLAG(int, max_batch_size, 64, "Most problems in one batch (one engine launc
 ABSL_FLAG(int64_t, max_queue_delay_us, 100,
           "Longest the oldest queued job waits for companions before its batch goes; 0 sends "
           "whatever is queued as soon as a worker is free.");
+ABSL_FLAG(int64_t, max_queue_gap_us, 0,
+          "When positive, a partial batch also goes once no request has joined the queue for "
+          "this long: callers that send in bursts have all arrived, so waiting out the rest of "
+          "--max_queue_delay_us gathers nobody. 0 turns it off.");
 ABSL_FLAG(bool, dispatch_when_idle, true,
           "A device with no batch running takes queued jobs at once instead of waiting "
           "--max_queue_delay_us for companions; batches still form while devices are busy.");
@@ -218,6 +222,7 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   for (auto [name, value] :
        {std::pair<absl::string_view, int64_t>{"max_queue_delay_us",
                                               absl::GetFlag(FLAGS_max_queue_delay_us)},
+        {"max_queue_gap_us", absl::GetFlag(FLAGS_max_queue_gap_us)},
         {"default_timeout_ms", absl::GetFlag(FLAGS_default_timeout_ms)},
         {"priority_aging_ms", absl::GetFlag(FLAGS_priority_aging_ms)},
         {"max_queued_bytes", absl::GetFlag(FLAGS_max_queued_bytes)},
@@ -235,6 +240,7 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   }
   config.queue.max_batch_size = static_cast<size_t>(absl::GetFlag(FLAGS_max_batch_size));
   config.queue.max_queue_delay = absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
+  config.queue.max_queue_gap = absl::Microseconds(absl::GetFlag(FLAGS_max_queue_gap_us));
   config.queue.max_batch_flops = absl::GetFlag(FLAGS_max_batch_flops);
   config.queue.max_batch_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_batch_bytes));
   config.queue.capacity = static_cast<size_t>(absl::GetFlag(FLAGS_queue_capacity));
@@ -289,6 +295,7 @@ void LogStartup(const matmul::server::MatmulServer& server) {
 #endif
   LOG(INFO) << "batching: max_batch_size=" << c.queue.max_batch_size
             << " max_queue_delay=" << c.queue.max_queue_delay
+            << " max_queue_gap=" << c.queue.max_queue_gap
             << " max_batch_flops=" << c.queue.max_batch_flops
             << " max_batch_bytes=" << c.queue.max_batch_bytes
             << " queue_capacity=" << c.queue.capacity

@@ -245,6 +245,7 @@ v1::ServerInfo MatmulServer::Info() const {
   v1::BatchingSettings* batching = info.mutable_batching();
   batching->set_max_batch_size(static_cast<uint32_t>(config_.queue.max_batch_size));
   batching->set_max_queue_delay_us(absl::ToInt64Microseconds(config_.queue.max_queue_delay));
+  batching->set_max_queue_gap_us(absl::ToInt64Microseconds(config_.queue.max_queue_gap));
   batching->set_max_batch_flops(config_.queue.max_batch_flops);
   batching->set_max_batch_bytes(config_.queue.max_batch_bytes);
   batching->set_queue_capacity(static_cast<uint32_t>(config_.queue.capacity));

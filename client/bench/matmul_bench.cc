@@ -639,10 +639,12 @@ int Run(bool open) {
   }
   std::printf(
       "# %s %s engine=%s devices=%d max_batch_size=%u max_queue_delay_us=%llu "
-      "dispatch_when_idle=%s dispatch_below_running=%u lanes_per_device=%u\n",
+      "max_queue_gap_us=%llu dispatch_when_idle=%s dispatch_below_running=%u "
+      "lanes_per_device=%u\n",
       options.target.c_str(), info->version().c_str(), info->engine().c_str(),
       info->devices_size(), info->batching().max_batch_size(),
       static_cast<unsigned long long>(info->batching().max_queue_delay_us()),
+      static_cast<unsigned long long>(info->batching().max_queue_gap_us()),
       info->batching().dispatch_when_idle() ? "true" : "false",
       info->batching().dispatch_below_running(), info->batching().lanes_per_device());
   std::printf("%-13s %-6s %-6s %-8s %-8s %6s %7s %9s %8s %9s %8s %8s %8s %8s\n", "label", "target",

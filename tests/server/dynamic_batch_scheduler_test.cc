@@ -203,6 +203,45 @@ TEST(DynamicBatchSchedulerTest, ASecondBatchStartsWhileOneRuns) {
   EXPECT_EQ(fourth.outcome.batch_size, 2u);
 }
 
+// With max_queue_gap, jobs queued behind a busy lane leave once arrivals
+// pause, not after the (hour-long) delay.
+TEST(DynamicBatchSchedulerTest, APauseInArrivalsSendsAPartialBatch) {
+  FakeEngine engine("fake:0");
+  engine.Block();
+  DynamicBatchScheduler::Options options = Options(16, absl::Hours(1));
+  options.lanes_per_device = 2;
+  options.dispatch_when_idle = true;
+  const absl::Duration gap = absl::Milliseconds(200);
+  options.queue.max_queue_gap = gap;
+  auto s = DynamicBatchScheduler::Create(options, {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  Call first, second, third;
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, first)).ok());
+  engine.WaitForBatches(1);
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, second)).ok());
+  ASSERT_TRUE((*s)->Submit(MakeJob(**s, third)).ok());
+  engine.WaitForBatches(2);  // Only the gap can release them: one lane is busy.
+  engine.Unblock();
+  for (Call* c : {&first, &second, &third}) {
+    WaitDone(*c);
+    ASSERT_TRUE(c->outcome.status.ok()) << c->outcome.status;
+  }
+  EXPECT_EQ(second.outcome.batch_size, 2u);
+  EXPECT_EQ(third.outcome.batch_size, 2u);
+  EXPECT_GE(third.outcome.queue_time, gap);
+  EXPECT_LT(second.outcome.queue_time, absl::Hours(1));
+}
+
+TEST(DynamicBatchSchedulerTest, RejectsANegativeQueueGap) {
+  FakeEngine engine("fake:0");
+  DynamicBatchScheduler::Options options = Options();
+  options.queue.max_queue_gap = absl::Microseconds(-1);
+  auto s = DynamicBatchScheduler::Create(options, {&engine}, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("max_queue_gap"), std::string::npos) << s.status();
+}
+
 TEST(DynamicBatchSchedulerTest, RejectsANegativeDispatchBelowRunning) {
   FakeEngine engine("fake:0");
   DynamicBatchScheduler::Options options = Options();

@@ -56,6 +56,36 @@ TEST(JobQueueTest, ZeroDelayDispatchesAtOnce) {
   EXPECT_EQ(Ids(q.TakeBatch(kT0, false)), (std::vector<uint64_t>{1}));
 }
 
+TEST(JobQueueTest, GapInArrivalsReleasesAPartialBatchEarly) {
+  JobQueue::Options o = Opts(100, absl::Milliseconds(1));
+  o.max_queue_gap = absl::Microseconds(50);
+  JobQueue q(o);
+  Push(q, MakeJob(1));
+  Push(q, MakeJob(2), kT0 + absl::Microseconds(30));
+  // The gap counts from the newest arrival, not the oldest.
+  EXPECT_EQ(q.NextEvent(), kT0 + absl::Microseconds(80));
+  EXPECT_TRUE(q.TakeBatch(kT0 + absl::Microseconds(79), false).empty());
+  EXPECT_EQ(Ids(q.TakeBatch(kT0 + absl::Microseconds(80), false)),
+            (std::vector<uint64_t>{1, 2}));
+}
+
+TEST(JobQueueTest, SteadyArrivalsWaitOutTheDelayDespiteAGap) {
+  JobQueue::Options o = Opts(100, absl::Microseconds(500));
+  o.max_queue_gap = absl::Microseconds(50);
+  JobQueue q(o);
+  // A job every 40 us: no gap of 50 us, so only the delay releases them.
+  absl::Time now = kT0;
+  uint64_t id = 1;
+  for (; now < kT0 + absl::Microseconds(480); now += absl::Microseconds(40)) {
+    Push(q, MakeJob(id++), now);
+    EXPECT_TRUE(q.TakeBatch(now + absl::Microseconds(39), false).empty()) << now - kT0;
+  }
+  Push(q, MakeJob(id++), now);  // At 480 us: its gap would end at 530.
+  EXPECT_EQ(q.NextEvent(), kT0 + absl::Microseconds(500));
+  EXPECT_TRUE(q.TakeBatch(kT0 + absl::Microseconds(499), false).empty());
+  EXPECT_EQ(q.TakeBatch(kT0 + absl::Microseconds(500), false).size(), id - 1);
+}
+
 TEST(JobQueueTest, FullBatchGoesWithoutWaiting) {
   JobQueue q(Opts(4, absl::Hours(1)));
   for (uint64_t id = 1; id <= 10; ++id) Push(q, MakeJob(id));

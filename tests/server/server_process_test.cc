@@ -41,7 +41,8 @@ TEST(ServerProcessTest, HelpDocumentsEveryFlag) {
         "--max_queue_delay_us", "--max_batch_flops", "--queue_capacity", "--max_request_bytes",
         "--max_response_bytes", "--max_dim", "--default_timeout_ms", "--priority_aging_ms",
         "--shutdown_grace_s", "--lanes_per_device", "--dispatch_when_idle",
-        "--dispatch_below_running", "--cpu_workers", "--gpu_memory_fraction"}) {
+        "--dispatch_below_running", "--max_queue_gap_us", "--cpu_workers",
+        "--gpu_memory_fraction"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
   EXPECT_THAT(out, HasSubstr("MATMUL_"));
@@ -97,7 +98,8 @@ TEST(ServerProcessTest, GrpcArgsPassThroughAndMalformedOnesAreRefused) {
 TEST(ServerProcessTest, EnvironmentSetsFlagsAndTheCommandLineWins) {
   setenv("MATMUL_MAX_DIM", "77", 1);
   setenv("MATMUL_MAX_BATCH_SIZE", "5", 1);
-  auto server = ServerProcess::Start({"--backend=cpu", "--max_batch_size=9"});
+  auto server =
+      ServerProcess::Start({"--backend=cpu", "--max_batch_size=9", "--max_queue_gap_us=30"});
   unsetenv("MATMUL_MAX_DIM");
   unsetenv("MATMUL_MAX_BATCH_SIZE");
   ASSERT_TRUE(server.ok()) << server.status();
@@ -106,6 +108,7 @@ TEST(ServerProcessTest, EnvironmentSetsFlagsAndTheCommandLineWins) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->limits().max_dim(), 77u);
   EXPECT_EQ(info->batching().max_batch_size(), 9u);
+  EXPECT_EQ(info->batching().max_queue_gap_us(), 30u);
   EXPECT_TRUE(info->batching().dispatch_when_idle()) << "on by default";
 }
 
