@@ -81,7 +81,11 @@ absl::StatusOr<std::unique_ptr<DynamicBatchScheduler>> DynamicBatchScheduler::Cr
 
 DynamicBatchScheduler::DynamicBatchScheduler(const Options& options, std::vector<Engine*> engines,
                                              Metrics* metrics)
-    : options_(options), metrics_(metrics), queue_(options.queue) {
+    : options_(options),
+      dispatch_eager_below_(
+          std::max(options.dispatch_when_idle ? 1 : 0, options.dispatch_below_running)),
+      metrics_(metrics),
+      queue_(options.queue) {
   absl::MutexLock lock(&mu_);
   devices_ = std::vector<DeviceState>(engines.size());
   for (size_t d = 0; d < engines.size(); ++d) {
@@ -228,9 +232,7 @@ bool DynamicBatchScheduler::StepLocked(absl::Time now, Reaped* reaped, int self_
     std::vector<std::unique_ptr<Job>> jobs;
     if (device >= 0) {
       const int running = options_.lanes_per_device - devices_[device].load.free_lanes;
-      const int eager_below =
-          std::max(options_.dispatch_when_idle ? 1 : 0, options_.dispatch_below_running);
-      jobs = queue_.TakeBatch(now, draining_ || running < eager_below);
+      jobs = queue_.TakeBatch(now, draining_ || running < dispatch_eager_below_);
     }
     if (jobs.empty()) {
       if (metrics_ != nullptr) metrics_->SetQueueDepth(queue_.size());

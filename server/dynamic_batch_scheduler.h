@@ -175,6 +175,9 @@ class DynamicBatchScheduler {
   void UpdateBusyLocked(int device, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
+  // While fewer batches than this run on a device, queued jobs go to it at
+  // once (from dispatch_when_idle and dispatch_below_running).
+  const int dispatch_eager_below_;
   Metrics* const metrics_;
   std::atomic<uint64_t> next_id_{1};
 
