@@ -56,8 +56,9 @@ class JobQueue {
     // Byte budget of a batch (operands and results, ProblemBytes); keeps a
     // batch of big problems small enough to stage while another computes.
     uint64_t max_batch_bytes = uint64_t{256} << 20;
-    // Longest the oldest job waits for companions.
-    absl::Duration max_queue_delay = absl::Microseconds(100);
+    // Longest the oldest job waits for companions (the server's default,
+    // chosen from GPU sweeps: docs/BENCHMARKS.md, twentieth round).
+    absl::Duration max_queue_delay = absl::Microseconds(25);
     // When positive, a partial batch is also due once no job has joined the
     // queue for this long: callers that send in bursts (a closed loop of a
     // few clients, answered together) have all arrived, and waiting out the

@@ -67,9 +67,10 @@ ABSL_FLAG(int, lanes_per_device, 0,
           "Batches running at once per device; 0 picks 1 on the CPU, 4 on a GPU (staging and "
           "copies of some overlap the compute of others).");
 ABSL_FLAG(int, max_batch_size, 64, "Most problems in one batch (one engine launch).");
-ABSL_FLAG(int64_t, max_queue_delay_us, 100,
+ABSL_FLAG(int64_t, max_queue_delay_us, 25,
           "Longest the oldest queued job waits for companions before its batch goes; 0 sends "
-          "whatever is queued as soon as a worker is free.");
+          "whatever is queued as soon as a worker is free. Longer delays make larger batches "
+          "at saturation and slow callers below it.");
 ABSL_FLAG(int64_t, max_queue_gap_us, 0,
           "When positive, a partial batch also goes once no request has joined the queue for "
           "this long: callers that send in bursts have all arrived, so waiting out the rest of "
