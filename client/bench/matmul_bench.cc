@@ -11,8 +11,9 @@
 // answer arrives (unary calls, or one bidi stream per caller). "open" sends
 // at Poisson arrival times at each rate. Each row reports requests/s, payload
 // GB/s (request plus response matrix bytes), effective TFLOP/s, and latency
-// percentiles; rows go to a table and to JSON (client/bench/plot_bench.py
-// draws latency against throughput from it).
+// percentiles, with the medians of the server's own Timing (queue, engine,
+// arrival to answer) and the mean batch size; rows go to a table and to
+// JSON (client/bench/plot_bench.py draws latency against throughput).
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
@@ -340,15 +341,31 @@ struct Result {
   uint64_t requests = 0, errors = 0;
   double seconds = 0, rps = 0, gbps = 0, tflops = 0;
   double p50 = 0, p90 = 0, p99 = 0, p999 = 0;  // ms
+  // Medians of the server's own Timing (matmul target only; 0 for the
+  // echo): arrival to batch start, the batch's engine time, arrival to
+  // response ready; and the mean batch size. The client's p50 less
+  // server_p50_us is the transport's share.
+  double queue_p50_us = 0, compute_p50_us = 0, server_p50_us = 0, mean_batch = 0;
   std::string first_error;
 };
+
+// The server's Timing of a response, or null (echo responses carry none).
+template <typename Resp>
+const v1::Timing* TimingOf(const Resp& response) {
+  if constexpr (std::is_same_v<Resp, v1::MultiplyResponse>) {
+    return response.has_timing() ? &response.timing() : nullptr;
+  } else {
+    return nullptr;
+  }
+}
 
 // Shared by the callers of one row.
 class Recorder {
  public:
   Recorder(absl::Time start, absl::Time end) : start_(start), end_(end) {}
   bool Running() const { return absl::Now() < end_; }
-  void Record(absl::Time sent, absl::Time done, double flops, uint64_t bytes, const grpc::Status& s) {
+  void Record(absl::Time sent, absl::Time done, double flops, uint64_t bytes, const grpc::Status& s,
+              const v1::Timing* timing = nullptr) {
     if (sent < start_ || done > end_) return;  // Warm-up or cool-down.
     absl::MutexLock lock(&mu_);
     if (!s.ok()) {
@@ -359,6 +376,12 @@ class Recorder {
     latencies_.push_back(absl::ToDoubleMilliseconds(done - sent));
     flops_ += flops;
     bytes_ += bytes;
+    if (timing != nullptr) {
+      queue_us_.push_back(static_cast<double>(timing->queue_us()));
+      compute_us_.push_back(static_cast<double>(timing->compute_us()));
+      server_us_.push_back(static_cast<double>(timing->total_us()));
+      batch_sum_ += timing->batch_size();
+    }
   }
   void Fill(Result* r) {
     absl::MutexLock lock(&mu_);
@@ -378,12 +401,27 @@ class Recorder {
     r->p90 = pct(0.9);
     r->p99 = pct(0.99);
     r->p999 = pct(0.999);
+    r->queue_p50_us = Median(queue_us_);
+    r->compute_p50_us = Median(compute_us_);
+    r->server_p50_us = Median(server_us_);
+    r->mean_batch = server_us_.empty() ? 0 : batch_sum_ / server_us_.size();
   }
 
  private:
+  static double Median(std::vector<double>& v) {
+    if (v.empty()) return 0;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  }
+
   const absl::Time start_, end_;
   absl::Mutex mu_;
   std::vector<double> latencies_ ABSL_GUARDED_BY(mu_);
+  // The server's Timing fields of each answer, and the sum of batch sizes.
+  std::vector<double> queue_us_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> compute_us_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> server_us_ ABSL_GUARDED_BY(mu_);
+  double batch_sum_ ABSL_GUARDED_BY(mu_) = 0;
   double flops_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t errors_ ABSL_GUARDED_BY(mu_) = 0;
@@ -419,7 +457,8 @@ class UnaryCaller {
     index_ = (index_ + 1) % pool_->size();
     sent_ = absl::Now();
     calls_.unary(context.get(), &(*pool_)[index_], &response_, [this](grpc::Status s) {
-      recorder_->Record(sent_, absl::Now(), w_->flops[index_], w_->bytes[index_], s);
+      recorder_->Record(sent_, absl::Now(), w_->flops[index_], w_->bytes[index_], s,
+                        s.ok() ? TimingOf(response_) : nullptr);
       Start();
     });
   }
@@ -463,7 +502,8 @@ class StreamCaller : public grpc::ClientBidiReactor<Req, Resp> {
                          response_.error().message());
       }
     }
-    recorder_->Record(sent_, absl::Now(), w_->flops[index_], w_->bytes[index_], s);
+    recorder_->Record(sent_, absl::Now(), w_->flops[index_], w_->bytes[index_], s,
+                      s.ok() ? TimingOf(response_) : nullptr);
     Next();
   }
   void OnDone(const grpc::Status&) override {
@@ -579,7 +619,8 @@ Result RunOpen(client::MatmulClient& c, const Workload& w, double rate) {
     c.MultiplyAsync(&call->context, &w.requests[call->index], &call->response,
                     [call, &recorder, &w, &in_flight](grpc::Status s) {
                       recorder.Record(call->sent, absl::Now(), w.flops[call->index],
-                                      w.bytes[call->index], s);
+                                      w.bytes[call->index], s,
+                                      s.ok() ? TimingOf(call->response) : nullptr);
                       delete call;
                       in_flight.fetch_sub(1);
                     });
@@ -593,10 +634,13 @@ Result RunOpen(client::MatmulClient& c, const Workload& w, double rate) {
 }
 
 void Print(const Result& r) {
-  std::printf("%-13s %-6s %-6s %-8s %-8s %6d %7.0f %9.1f %8.3f %9.3f %8.3f %8.3f %8.3f %8.3f %s\n",
-              r.label.c_str(), r.target.c_str(), r.mode.c_str(), r.shape.c_str(), r.dtype.c_str(),
-              r.concurrency, r.rate, r.rps, r.gbps, r.tflops, r.p50, r.p90, r.p99, r.p999,
-              r.errors ? absl::StrCat(r.errors, " errors: ", r.first_error).c_str() : "");
+  std::printf(
+      "%-13s %-6s %-6s %-8s %-8s %6d %7.0f %9.1f %8.3f %9.3f %8.3f %8.3f %8.3f %8.3f %7.0f %7.0f "
+      "%7.0f %6.1f %s\n",
+      r.label.c_str(), r.target.c_str(), r.mode.c_str(), r.shape.c_str(), r.dtype.c_str(),
+      r.concurrency, r.rate, r.rps, r.gbps, r.tflops, r.p50, r.p90, r.p99, r.p999, r.queue_p50_us,
+      r.compute_p50_us, r.server_p50_us, r.mean_batch,
+      r.errors ? absl::StrCat(r.errors, " errors: ", r.first_error).c_str() : "");
   std::fflush(stdout);
   const std::string path = absl::GetFlag(FLAGS_json);
   if (path.empty()) return;
@@ -604,9 +648,11 @@ void Print(const Result& r) {
       "{\"label\": \"%s\", \"target\": \"%s\", \"mode\": \"%s\", \"shape\": \"%s\", \"dtype\": "
       "\"%s\", \"concurrency\": %d, \"rate\": %.1f, \"requests\": %d, \"errors\": %d, \"rps\": "
       "%.2f, \"gbps\": %.4f, \"tflops\": %.4f, \"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": "
-      "%.4f, \"p999_ms\": %.4f}\n",
+      "%.4f, \"p999_ms\": %.4f, \"server_queue_p50_us\": %.0f, \"server_compute_p50_us\": %.0f, "
+      "\"server_total_p50_us\": %.0f, \"mean_batch\": %.2f}\n",
       r.label, r.target, r.mode, r.shape, r.dtype, r.concurrency, r.rate, r.requests, r.errors,
-      r.rps, r.gbps, r.tflops, r.p50, r.p90, r.p99, r.p999);
+      r.rps, r.gbps, r.tflops, r.p50, r.p90, r.p99, r.p999, r.queue_p50_us, r.compute_p50_us,
+      r.server_p50_us, r.mean_batch);
 }
 
 std::vector<std::string> List(const std::string& flag) {
@@ -647,9 +693,10 @@ int Run(bool open) {
       static_cast<unsigned long long>(info->batching().max_queue_gap_us()),
       info->batching().dispatch_when_idle() ? "true" : "false",
       info->batching().dispatch_below_running(), info->batching().lanes_per_device());
-  std::printf("%-13s %-6s %-6s %-8s %-8s %6s %7s %9s %8s %9s %8s %8s %8s %8s\n", "label", "target",
-              "mode", "shape", "dtype", "conc", "rate", "req/s", "GB/s", "TFLOP/s", "p50 ms",
-              "p90 ms", "p99 ms", "p99.9 ms");
+  std::printf("%-13s %-6s %-6s %-8s %-8s %6s %7s %9s %8s %9s %8s %8s %8s %8s %7s %7s %7s %6s\n",
+              "label", "target", "mode", "shape", "dtype", "conc", "rate", "req/s", "GB/s",
+              "TFLOP/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "srv q", "srv c", "srv us",
+              "batch");
   // Stubs per channel for matmul and echo.
   auto mm_channels = Channels(options.target, channels, /*secure=*/true);
   std::vector<Calls<v1::MultiplyRequest, v1::MultiplyResponse>> mm_calls;
