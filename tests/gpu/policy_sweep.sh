@@ -4,7 +4,8 @@
 # the same bytes, alternating settings over ROUNDS so that drift falls on all.
 # It answers one question: which dispatch policy serves small requests below
 # saturation best (requests per second and p99), and how far is that from the
-# transport's own ceiling.
+# transport's own ceiling. A second table splits each setting's median
+# latency into the server's queue and engine time and the transport's share.
 #
 #   tests/gpu/policy_sweep.sh BIN_DIR OUT_DIR [ROUNDS]
 #
@@ -69,4 +70,17 @@ for dtype, conc in sorted({(d, c) for (d, c, _) in rows}):
         cells.append(f"{statistics.median(x['rps'] for x in rs):>12.0f} "
                      f"{statistics.median(x['p99_ms'] for x in rs):>7.2f}")
     print(f"{dtype:<6} {conc:>7} " + " ".join(cells))
+# Where a request's time goes (medians over rounds, us): the client's p50,
+# the server's arrival-to-answer, its queue and engine parts (matmul-bench's
+# Timing columns), and the mean batch size. Client less server is transport.
+print()
+print(f"{'dtype':<6} {'callers':>7} {'setting':<10} {'client':>7} {'server':>7} {'queue':>7} "
+      f"{'engine':>7} {'batch':>6}")
+for (dtype, conc, label), rs in sorted(rows.items()):
+    if label == "echo" or "server_total_p50_us" not in rs[0]:
+        continue
+    med = lambda key: statistics.median(x[key] for x in rs)
+    print(f"{dtype:<6} {conc:>7} {label:<10} {med('p50_ms') * 1000:>7.0f} "
+          f"{med('server_total_p50_us'):>7.0f} {med('server_queue_p50_us'):>7.0f} "
+          f"{med('server_compute_p50_us'):>7.0f} {med('mean_batch'):>6.2f}")
 PY
