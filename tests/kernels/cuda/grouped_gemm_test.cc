@@ -84,6 +84,31 @@ class GroupedGemmTest : public ::testing::Test {
     ASSERT_EQ(e, cudaSuccess) << CudaErrorString(e);
   }
 
+  // Runs `batch` once (filling `first_report` when given) and checks every
+  // result against the float64 reference within `bound`, then `repeats`
+  // more times, each on a poisoned output: every launch must give the first
+  // one's bits (a race in the tile hand-out, the pipeline or a counter left
+  // behind moves or poisons a result). `what` names the case in messages.
+  void ExpectRepeatsBitIdentical(DeviceBatch& batch, const std::vector<HostProblem>& host,
+                                 const GroupedGemmOptions& o, int repeats, double bound,
+                                 const std::string& what, LaunchReport* first_report = nullptr) {
+    Run(batch, o, first_report);
+    std::vector<std::vector<uint8_t>> first;
+    for (size_t i = 0; i < host.size(); ++i) {
+      first.push_back(batch.Download(i));
+      EXPECT_LE(CheckAgainstReference(host[i], first.back(), o.input, o.output), bound)
+          << what << " problem " << i;
+    }
+    for (int rep = 0; rep < repeats; ++rep) {
+      ASSERT_TRUE(batch.Poison());
+      Run(batch, o, nullptr);
+      for (size_t i = 0; i < host.size(); ++i) {
+        ASSERT_EQ(batch.Download(i), first[i])
+            << what << " problem " << i << " moved at launch " << rep + 2;
+      }
+    }
+  }
+
   std::mt19937_64 rng_{std::random_device{}()};
   // Hopper tile width RunAndCheck asks for (0: the launcher's choice).
   int tile_n_ = 0;
@@ -781,22 +806,8 @@ TEST_F(GroupedGemmTest, RepeatedLaunchesGiveIdenticalResults) {
                                 std::pair{128, 1}, std::pair{64, 1}}) {
     o.hopper_tile_n = width;
     o.hopper_cluster = cluster;
-    Run(batch, o, nullptr);
-    std::vector<std::vector<uint8_t>> first;
-    for (size_t i = 0; i < host.size(); ++i) {
-      first.push_back(batch.Download(i));
-      EXPECT_LE(CheckAgainstReference(host[i], first.back(), o.input, o.output), 1e-2)
-          << "width " << width << " cluster " << cluster;
-    }
-    for (int rep = 0; rep < (width == 0 ? 200 : 50); ++rep) {
-      ASSERT_TRUE(batch.Poison());
-      Run(batch, o, nullptr);
-    }
-    for (size_t i = 0; i < host.size(); ++i) {
-      EXPECT_EQ(batch.Download(i), first[i])
-          << "problem " << i << " changed between launches (width " << width << ", cluster "
-          << cluster << ")";
-    }
+    ExpectRepeatsBitIdentical(batch, host, o, width == 0 ? 200 : 50, 1e-2,
+                              absl::StrCat("width ", width, " cluster ", cluster));
   }
 }
 
@@ -832,23 +843,9 @@ TEST_F(GroupedGemmTest, HeldStageEpilogueRepeats) {
                                   std::pair{64, 1}}) {
       o.hopper_tile_n = width;
       o.hopper_cluster = cluster;
-      Run(batch, o, nullptr);
-      std::vector<std::vector<uint8_t>> first;
-      for (size_t i = 0; i < host.size(); ++i) {
-        first.push_back(batch.Download(i));
-        EXPECT_LE(CheckAgainstReference(host[i], first.back(), o.input, o.output), 1e-2)
-            << "problem " << i << " width " << width << " cluster " << cluster << " out "
-            << DTypeName(out);
-      }
-      for (int rep = 0; rep < 40; ++rep) {
-        ASSERT_TRUE(batch.Poison());
-        Run(batch, o, nullptr);
-        for (size_t i = 0; i < host.size(); ++i) {
-          ASSERT_EQ(batch.Download(i), first[i])
-              << "problem " << i << " moved at launch " << rep << " (width " << width
-              << ", cluster " << cluster << ", out " << DTypeName(out) << ")";
-        }
-      }
+      ExpectRepeatsBitIdentical(
+          batch, host, o, 40, 1e-2,
+          absl::StrCat("width ", width, " cluster ", cluster, " out ", DTypeName(out)));
     }
   }
 }
@@ -874,21 +871,7 @@ TEST_F(GroupedGemmTest, RunsOfIdleWarpgroupTiles) {
   o.output = DType::kBFloat16;
   for (int width : {256, 128}) {
     o.hopper_tile_n = width;
-    Run(batch, o, nullptr);
-    std::vector<std::vector<uint8_t>> first;
-    for (size_t i = 0; i < host.size(); ++i) {
-      first.push_back(batch.Download(i));
-      EXPECT_LE(CheckAgainstReference(host[i], first.back(), o.input, o.output), 1e-2)
-          << "problem " << i << " width " << width;
-    }
-    for (int rep = 0; rep < 30; ++rep) {
-      ASSERT_TRUE(batch.Poison());
-      Run(batch, o, nullptr);
-      for (size_t i = 0; i < host.size(); ++i) {
-        ASSERT_EQ(batch.Download(i), first[i])
-            << "problem " << i << " moved at launch " << rep << " (width " << width << ")";
-      }
-    }
+    ExpectRepeatsBitIdentical(batch, host, o, 30, 1e-2, absl::StrCat("width ", width));
   }
 }
 
@@ -910,24 +893,10 @@ TEST_F(GroupedGemmTest, SimtClaimsEveryTileOnEveryLaunch) {
     o.simt_tile = tile;
     o.cublas_min_flops = 0;
     LaunchReport report;
-    Run(batch, o, &report);
+    ExpectRepeatsBitIdentical(batch, host, o, 30, ErrorBound(dtype, dtype, Precision::kDefault),
+                              absl::StrCat(DTypeName(dtype), " tile ", tile), &report);
     ASSERT_EQ(report.simt_problems, 2);
     ASSERT_EQ(report.simt_tile, tile);
-    std::vector<std::vector<uint8_t>> first;
-    for (size_t i = 0; i < host.size(); ++i) {
-      first.push_back(batch.Download(i));
-      EXPECT_LE(CheckAgainstReference(host[i], first.back(), dtype, dtype),
-                ErrorBound(dtype, dtype, Precision::kDefault))
-          << DTypeName(dtype) << " tile " << tile << " problem " << i;
-    }
-    for (int rep = 0; rep < 30; ++rep) {
-      ASSERT_TRUE(batch.Poison());
-      Run(batch, o, nullptr);
-      for (size_t i = 0; i < host.size(); ++i) {
-        ASSERT_EQ(batch.Download(i), first[i]) << DTypeName(dtype) << " tile " << tile
-                                               << " problem " << i << " launch " << rep + 2;
-      }
-    }
   }
 }
 
