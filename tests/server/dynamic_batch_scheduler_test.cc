@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <initializer_list>
 #include <random>
 #include <thread>
 
@@ -86,6 +87,14 @@ void WaitDone(const Call& call) {
   while (call.done_count.load() == 0) absl::SleepFor(absl::Milliseconds(1));
 }
 
+// Waits for each call and expects it to have succeeded.
+void WaitAllOk(std::initializer_list<Call*> calls) {
+  for (Call* c : calls) {
+    WaitDone(*c);
+    ASSERT_TRUE(c->outcome.status.ok()) << c->outcome.status;
+  }
+}
+
 TEST(DynamicBatchSchedulerTest, RunsJobsWithCorrectResults) {
   FakeEngine engine("fake:0");
   auto s = DynamicBatchScheduler::Create(Options(), {&engine}, nullptr);
@@ -161,10 +170,7 @@ TEST(DynamicBatchSchedulerTest, AnIdleDeviceTakesAJobWithoutTheDelay) {
   ASSERT_TRUE((*s)->Submit(MakeJob(**s, third)).ok());
   EXPECT_EQ((*s)->QueueDepth(), 2u);
   engine.Unblock();
-  for (Call* c : {&first, &second, &third}) {
-    WaitDone(*c);
-    ASSERT_TRUE(c->outcome.status.ok()) << c->outcome.status;
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitAllOk({&first, &second, &third}));
   EXPECT_EQ(first.outcome.batch_size, 1u);
   EXPECT_EQ(second.outcome.batch_size, 2u);
   EXPECT_EQ(third.outcome.batch_size, 2u);
@@ -193,10 +199,7 @@ TEST(DynamicBatchSchedulerTest, ASecondBatchStartsWhileOneRuns) {
   ASSERT_TRUE((*s)->Submit(MakeJob(**s, fourth)).ok());
   EXPECT_EQ((*s)->QueueDepth(), 2u) << "two batches run, so these wait for companions";
   engine.Unblock();
-  for (Call* c : {&first, &second, &third, &fourth}) {
-    WaitDone(*c);
-    ASSERT_TRUE(c->outcome.status.ok()) << c->outcome.status;
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitAllOk({&first, &second, &third, &fourth}));
   EXPECT_EQ(first.outcome.batch_size, 1u);
   EXPECT_EQ(second.outcome.batch_size, 1u);
   EXPECT_EQ(third.outcome.batch_size, 2u);
@@ -222,10 +225,7 @@ TEST(DynamicBatchSchedulerTest, APauseInArrivalsSendsAPartialBatch) {
   ASSERT_TRUE((*s)->Submit(MakeJob(**s, third)).ok());
   engine.WaitForBatches(2);  // Only the gap can release them: one lane is busy.
   engine.Unblock();
-  for (Call* c : {&first, &second, &third}) {
-    WaitDone(*c);
-    ASSERT_TRUE(c->outcome.status.ok()) << c->outcome.status;
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitAllOk({&first, &second, &third}));
   EXPECT_EQ(second.outcome.batch_size, 2u);
   EXPECT_EQ(third.outcome.batch_size, 2u);
   EXPECT_GE(third.outcome.queue_time, gap);
