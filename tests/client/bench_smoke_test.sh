@@ -7,26 +7,19 @@
 #   tests/client/bench_smoke_test.sh MATMUL_SERVER MATMUL_BENCH
 set -euo pipefail
 server_bin=$1 bench_bin=$2
-work=$(mktemp -d)
-server_pid=
-trap '[[ -n $server_pid ]] && kill $server_pid 2>/dev/null; rm -rf "$work"' EXIT
+out=$(mktemp -d)
+# start_server / stop_server (they write $out/ports and $out/server.log).
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../gpu/run_step.sh"
+trap '[[ -n $server_pid ]] && kill $server_pid 2>/dev/null; rm -rf "$out"' EXIT
 
-"$server_bin" --backend=cpu --listen=127.0.0.1:0 --metrics_listen= --port_file="$work/ports" \
-    >"$work/server.log" 2>&1 &
-server_pid=$!
-for _ in $(seq 600); do
-  [[ -s $work/ports ]] && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.log"; exit 1; }
-  sleep 0.1
-done
-[[ -s $work/ports ]] || { echo "server did not start"; cat "$work/server.log"; exit 1; }
-read -r port _ <"$work/ports"
+start_server "$server_bin" --backend=cpu --listen=127.0.0.1:0 --metrics_listen= || exit 1
+read -r port _ <"$out/ports"
 
 "$bench_bin" run --target="127.0.0.1:$port" --channels=2 --duration_s=0.5 --warmup_s=0.2 \
     --shapes=small --dtypes=bf16,f32 --concurrency=4 --modes=unary,stream \
-    --json="$work/rows.jsonl" --label=smoke
+    --json="$out/rows.jsonl" --label=smoke
 
-/usr/bin/python3 - "$work/rows.jsonl" <<'PY'
+/usr/bin/python3 - "$out/rows.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 assert len(rows) == 4, f"expected 4 rows (2 dtypes x 2 modes), got {len(rows)}"
@@ -45,7 +38,5 @@ for r in rows:
     print(f"{what}: client p50 {r['p50_ms'] * 1000:.0f} us, server {srv:.0f} us "
           f"(queue {q:.0f}, engine {c:.0f}), mean batch {r['mean_batch']:.2f}")
 PY
-kill -TERM "$server_pid"
-wait "$server_pid"
-server_pid=
+stop_server
 echo "bench smoke test passed"

@@ -1,4 +1,5 @@
 # Sourced by the GPU scripts (run_suite.sh, run_server_suite.sh,
+# tests/client/bench_smoke_test.sh for start_server,
 # edge_tiles_check.sh, service_bench.sh, ...): `run NAME LIMIT COMMAND...` runs COMMAND under a
 # time limit of LIMIT seconds with its output in $out/NAME.log, and adds a
 # line to the array `summary` (print it last): the name, the exit status,
