@@ -364,6 +364,7 @@ class Recorder {
  public:
   Recorder(absl::Time start, absl::Time end) : start_(start), end_(end) {}
   bool Running() const { return absl::Now() < end_; }
+  // `timing` (the server's, or null) is read only where `s` is OK.
   void Record(absl::Time sent, absl::Time done, double flops, uint64_t bytes, const grpc::Status& s,
               const v1::Timing* timing = nullptr) {
     if (sent < start_ || done > end_) return;  // Warm-up or cool-down.
@@ -458,7 +459,7 @@ class UnaryCaller {
     sent_ = absl::Now();
     calls_.unary(context.get(), &(*pool_)[index_], &response_, [this](grpc::Status s) {
       recorder_->Record(sent_, absl::Now(), w_->flops[index_], w_->bytes[index_], s,
-                        s.ok() ? TimingOf(response_) : nullptr);
+                        TimingOf(response_));
       Start();
     });
   }
@@ -503,7 +504,7 @@ class StreamCaller : public grpc::ClientBidiReactor<Req, Resp> {
       }
     }
     recorder_->Record(sent_, absl::Now(), w_->flops[index_], w_->bytes[index_], s,
-                      s.ok() ? TimingOf(response_) : nullptr);
+                      TimingOf(response_));
     Next();
   }
   void OnDone(const grpc::Status&) override {
@@ -619,8 +620,7 @@ Result RunOpen(client::MatmulClient& c, const Workload& w, double rate) {
     c.MultiplyAsync(&call->context, &w.requests[call->index], &call->response,
                     [call, &recorder, &w, &in_flight](grpc::Status s) {
                       recorder.Record(call->sent, absl::Now(), w.flops[call->index],
-                                      w.bytes[call->index], s,
-                                      s.ok() ? TimingOf(call->response) : nullptr);
+                                      w.bytes[call->index], s, TimingOf(call->response));
                       delete call;
                       in_flight.fetch_sub(1);
                     });
