@@ -1230,16 +1230,16 @@ __device__ __forceinline__ void StoreRows(const Params& p, const TileInfo& ti,
   if (ti.flags & kInfoTmaStore) {
     switch (p.output) {
       case DType::kFloat32:
-        EpilogueTma<float, BN, kHeld>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, held, wg,
-                               stores);
+        EpilogueTma<float, BN, kHeld>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, held,
+                                      wg, stores);
         break;
       case DType::kBFloat16:
-        EpilogueTma<__nv_bfloat16, BN, kHeld>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, held,
-                                       wg, stores);
+        EpilogueTma<__nv_bfloat16, BN, kHeld>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers,
+                                              held, wg, stores);
         break;
       default:
-        EpilogueTma<__half, BN, kHeld>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, held, wg,
-                                stores);
+        EpilogueTma<__half, BN, kHeld>(ti.alpha, map_d, acc, row0, ti.n0, width, buffers, held,
+                                       wg, stores);
         break;
     }
     return;
