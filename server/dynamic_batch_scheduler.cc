@@ -17,6 +17,16 @@ void NameThisThread(const std::string& name) {
   pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
 }
 
+// Tells the core that this thread busy-waits (frees pipeline resources for
+// a sibling hyperthread, saves power).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 }  // namespace
 
 int PickDevice(absl::Span<const DeviceLoad> devices) {
@@ -62,6 +72,9 @@ absl::StatusOr<std::unique_ptr<DynamicBatchScheduler>> DynamicBatchScheduler::Cr
   if (options.dispatch_below_running < 0) {
     return absl::InvalidArgumentError(absl::StrCat("dispatch_below_running must be >= 0, got ",
                                                    options.dispatch_below_running));
+  }
+  if (options.lane_spin < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("lane_spin must be >= 0");
   }
   if (options.queue.capacity < 1) {
     return absl::InvalidArgumentError("queue_capacity must be >= 1");
@@ -112,7 +125,14 @@ void DynamicBatchScheduler::Stop() {
     stopping_ = true;
     leftover = queue_.TakeAll();
     scheduler_cv_.SignalAll();
-    for (DeviceState& d : devices_) d.inbox_cv->SignalAll();
+    for (DeviceState& d : devices_) {
+      d.inbox_cv->SignalAll();
+      // A polling lane stops polling as if handed a batch, and finds stopping_.
+      if (d.polling_ticket != 0) {
+        d.claimed_ticket->store(d.polling_ticket, std::memory_order_release);
+        d.polling_ticket = 0;
+      }
+    }
   }
   Fail(std::move(leftover), absl::UnavailableError("server is shutting down"),
        RejectReason::kShutdown);
@@ -255,6 +275,10 @@ bool DynamicBatchScheduler::StepLocked(absl::Time now, Reaped* reaped, int self_
     d.inbox.push_back(std::move(batch));
     if (device == self_device && !self_claimed) {
       self_claimed = true;  // The calling lane takes it on its next look.
+    } else if (d.polling_ticket != 0) {
+      // The polling lane takes it; later ones wake a sleeping lane.
+      d.claimed_ticket->store(d.polling_ticket, std::memory_order_release);
+      d.polling_ticket = 0;
     } else {
       d.inbox_cv->Signal();
     }
@@ -314,6 +338,7 @@ void DynamicBatchScheduler::LaneLoop(int device) {
     {
       absl::MutexLock lock(&mu_);
       DeviceState& d = devices_[device];
+      if (d.inbox.empty() && !stopping_) PollInboxLocked(device);
       while (d.inbox.empty() && !stopping_) d.inbox_cv->Wait(&mu_);
       if (d.inbox.empty()) return;  // Stopping, and nothing left to run.
       batch = std::move(d.inbox.front());
@@ -323,6 +348,25 @@ void DynamicBatchScheduler::LaneLoop(int device) {
     }
     RunBatch(device, std::move(batch));
   }
+}
+
+void DynamicBatchScheduler::PollInboxLocked(int device) {
+  DeviceState& d = devices_[device];
+  if (options_.lane_spin <= absl::ZeroDuration() || d.polling_ticket != 0) return;
+  const uint64_t ticket = ++d.last_ticket;
+  d.polling_ticket = ticket;
+  const std::atomic<uint64_t>& claimed = *d.claimed_ticket;
+  mu_.Unlock();
+  const absl::Time until = absl::Now() + options_.lane_spin;
+  while (claimed.load(std::memory_order_acquire) != ticket) {
+    for (int i = 0; i < 32; ++i) CpuRelax();
+    if (absl::Now() >= until) break;
+  }
+  mu_.Lock();
+  // Unclaimed, later batches wake a sleeping lane instead. Claimed, the
+  // batch is in the inbox, or a lane that looked first took it and left its
+  // own; either way the caller finds work or sleeps with nothing lost.
+  if (d.polling_ticket == ticket) d.polling_ticket = 0;
 }
 
 void DynamicBatchScheduler::RunBatch(int device, Batch batch) {

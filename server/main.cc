@@ -81,6 +81,10 @@ ABSL_FLAG(bool, dispatch_when_idle, true,
 ABSL_FLAG(int, dispatch_below_running, 0,
           "While fewer than this many batches run on a device, queued jobs go to it at once (1 "
           "is --dispatch_when_idle); 0 leaves it to --dispatch_when_idle.");
+ABSL_FLAG(int64_t, lane_spin_us, 0,
+          "How long a worker lane that finds no batch waiting polls for the next one before it "
+          "sleeps (one lane per device at a time, a core busy meanwhile): the next batch then "
+          "starts without a thread wake-up. 0 sleeps at once.");
 ABSL_FLAG(double, max_batch_flops, 0,
           "Work budget of one batch in FLOPs (2*M*N*K summed); a larger problem runs alone. 0 "
           "picks 2e10 on the CPU, 1e12 on a GPU.");
@@ -216,6 +220,7 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   config.lanes_per_device = absl::GetFlag(FLAGS_lanes_per_device);
   config.dispatch_when_idle = absl::GetFlag(FLAGS_dispatch_when_idle);
   config.dispatch_below_running = absl::GetFlag(FLAGS_dispatch_below_running);
+  config.lane_spin = absl::Microseconds(absl::GetFlag(FLAGS_lane_spin_us));
   auto non_negative = [](absl::string_view name, int64_t v) -> absl::Status {
     if (v < 0) return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 0"));
     return absl::OkStatus();
@@ -302,7 +307,8 @@ void LogStartup(const matmul::server::MatmulServer& server) {
             << " queue_capacity=" << c.queue.capacity
             << " lanes_per_device=" << c.lanes_per_device
             << " dispatch_when_idle=" << (c.dispatch_when_idle ? "true" : "false")
-            << " dispatch_below_running=" << c.dispatch_below_running;
+            << " dispatch_below_running=" << c.dispatch_below_running
+            << " lane_spin=" << c.lane_spin;
   if (server.backend() == "cpu") {
     // OpenBLAS reads this when it loads, before main(); all we can do here is
     // say what it is. Its default keeps idle BLAS threads spinning on

@@ -105,6 +105,7 @@ absl::Status MatmulServer::Start() {
   scheduler_options.lanes_per_device = config_.lanes_per_device;
   scheduler_options.dispatch_when_idle = config_.dispatch_when_idle;
   scheduler_options.dispatch_below_running = config_.dispatch_below_running;
+  scheduler_options.lane_spin = config_.lane_spin;
   // With no healthy device left, health says so (a load balancer then
   // routes elsewhere); with some left the server keeps serving on them.
   scheduler_options.on_device_failed = [this](int device, int healthy_left) {
@@ -254,6 +255,7 @@ v1::ServerInfo MatmulServer::Info() const {
   batching->set_dispatch_when_idle(config_.dispatch_when_idle);
   batching->set_dispatch_below_running(static_cast<uint32_t>(config_.dispatch_below_running));
   batching->set_lanes_per_device(static_cast<uint32_t>(config_.lanes_per_device));
+  batching->set_lane_spin_us(absl::ToInt64Microseconds(config_.lane_spin));
   if (store_ != nullptr) {
     v1::ResidentSettings* resident = info.mutable_resident();
     resident->set_max_bytes(config_.resident.max_bytes);

@@ -45,6 +45,8 @@ struct ServerConfig {
   bool dispatch_when_idle = true;
   // DynamicBatchScheduler::Options::dispatch_below_running.
   int dispatch_below_running = 0;
+  // DynamicBatchScheduler::Options::lane_spin.
+  absl::Duration lane_spin = absl::ZeroDuration();
   // Batching and queue policy. max_batch_flops <= 0 picks a default per
   // backend (CPU 2e10, CUDA 1e12).
   JobQueue::Options queue;

@@ -686,13 +686,14 @@ int Run(bool open) {
   std::printf(
       "# %s %s engine=%s devices=%d max_batch_size=%u max_queue_delay_us=%llu "
       "max_queue_gap_us=%llu dispatch_when_idle=%s dispatch_below_running=%u "
-      "lanes_per_device=%u\n",
+      "lanes_per_device=%u lane_spin_us=%llu\n",
       options.target.c_str(), info->version().c_str(), info->engine().c_str(),
       info->devices_size(), info->batching().max_batch_size(),
       static_cast<unsigned long long>(info->batching().max_queue_delay_us()),
       static_cast<unsigned long long>(info->batching().max_queue_gap_us()),
       info->batching().dispatch_when_idle() ? "true" : "false",
-      info->batching().dispatch_below_running(), info->batching().lanes_per_device());
+      info->batching().dispatch_below_running(), info->batching().lanes_per_device(),
+      static_cast<unsigned long long>(info->batching().lane_spin_us()));
   std::printf("%-13s %-6s %-6s %-8s %-8s %6s %7s %9s %8s %9s %8s %8s %8s %8s %7s %7s %7s %6s\n",
               "label", "target", "mode", "shape", "dtype", "conc", "rate", "req/s", "GB/s",
               "TFLOP/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "srv q", "srv c", "srv us",

@@ -439,10 +439,13 @@ TEST(DynamicBatchSchedulerTest, StopAnswersQueuedJobsUnavailable) {
   EXPECT_EQ(a.outcome.status.code(), absl::StatusCode::kUnavailable);
 }
 
-TEST(DynamicBatchSchedulerTest, ConcurrentProducersLoseNothingAndNeverAnswerTwice) {
+// Eight threads submit, some with deadlines, some cancelling; every job must
+// end exactly once, with a correct result where it ran.
+void ConcurrentProducersLoseNothingAndNeverAnswerTwice(absl::Duration lane_spin) {
   FakeEngine e0("fake:0"), e1("fake:1");
   DynamicBatchScheduler::Options o = Options(8, absl::Microseconds(200));
   o.lanes_per_device = 2;
+  o.lane_spin = lane_spin;
   o.queue.capacity = 100000;
   auto s = DynamicBatchScheduler::Create(o, {&e0, &e1}, nullptr);
   ASSERT_TRUE(s.ok());
@@ -497,6 +500,48 @@ TEST(DynamicBatchSchedulerTest, ConcurrentProducersLoseNothingAndNeverAnswerTwic
   EXPECT_EQ(ok, e0.problems() + e1.problems());
   EXPECT_GT(e0.problems(), 0);
   EXPECT_GT(e1.problems(), 0);
+}
+
+TEST(DynamicBatchSchedulerTest, ConcurrentProducersLoseNothingAndNeverAnswerTwice) {
+  ConcurrentProducersLoseNothingAndNeverAnswerTwice(absl::ZeroDuration());
+}
+
+// The same with polling lanes: batches handed to a polling lane, and those
+// pushed while it stops polling, all run.
+TEST(DynamicBatchSchedulerTest, PollingLanesLoseNothingAndNeverAnswerTwice) {
+  ConcurrentProducersLoseNothingAndNeverAnswerTwice(absl::Microseconds(300));
+}
+
+// A lane polls for the next batch for an hour here: each job in turn must
+// still run (handed to the polling lane, or to the lane on its next look),
+// and Stop must end the polling rather than wait it out.
+TEST(DynamicBatchSchedulerTest, APollingLaneTakesTheNextBatchAndStopsOnStop) {
+  FakeEngine engine("fake:0");
+  DynamicBatchScheduler::Options options = Options();
+  options.lane_spin = absl::Hours(1);
+  auto s = DynamicBatchScheduler::Create(options, {&engine}, nullptr);
+  ASSERT_TRUE(s.ok());
+  for (int i = 0; i < 50; ++i) {
+    Call call;
+    ASSERT_TRUE((*s)->Submit(MakeJob(**s, call, 3 + i % 4)).ok());
+    WaitDone(call);
+    ASSERT_TRUE(call.outcome.status.ok()) << call.outcome.status;
+    EXPECT_LE(RelativeError(ReferenceGemm(*client::ProblemOf(call.request)), call.output.data(),
+                            DType::kFloat32),
+              1e-5);
+  }
+  EXPECT_EQ(engine.problems(), 50);
+  (*s)->Stop();
+}
+
+TEST(DynamicBatchSchedulerTest, RejectsANegativeLaneSpin) {
+  FakeEngine engine("fake:0");
+  DynamicBatchScheduler::Options options = Options();
+  options.lane_spin = absl::Microseconds(-1);
+  auto s = DynamicBatchScheduler::Create(options, {&engine}, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("lane_spin"), std::string::npos) << s.status();
 }
 
 }  // namespace

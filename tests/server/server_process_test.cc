@@ -41,7 +41,7 @@ TEST(ServerProcessTest, HelpDocumentsEveryFlag) {
         "--max_queue_delay_us", "--max_batch_flops", "--queue_capacity", "--max_request_bytes",
         "--max_response_bytes", "--max_dim", "--default_timeout_ms", "--priority_aging_ms",
         "--shutdown_grace_s", "--lanes_per_device", "--dispatch_when_idle",
-        "--dispatch_below_running", "--max_queue_gap_us", "--cpu_workers",
+        "--dispatch_below_running", "--lane_spin_us", "--max_queue_gap_us", "--cpu_workers",
         "--gpu_memory_fraction"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }

@@ -372,6 +372,7 @@ TEST(ServerTest, GetServerInfoDescribesTheServer) {
   config.dispatch_when_idle = false;  // Not the default: the reply must follow the config.
   config.dispatch_below_running = 3;
   config.lanes_per_device = 5;
+  config.lane_spin = absl::Microseconds(70);
   config.limits.max_dim = 5000;
   auto server = StartServer(config);
   auto c = Connect(*server);
@@ -395,6 +396,7 @@ TEST(ServerTest, GetServerInfoDescribesTheServer) {
   EXPECT_FALSE(info->batching().dispatch_when_idle());
   EXPECT_EQ(info->batching().dispatch_below_running(), 3u);
   EXPECT_EQ(info->batching().lanes_per_device(), 5u);
+  EXPECT_EQ(info->batching().lane_spin_us(), 70u);
 }
 
 TEST(ServerTest, MetricsEndpointExportsTheContractNames) {
