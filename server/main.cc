@@ -81,10 +81,11 @@ ABSL_FLAG(bool, dispatch_when_idle, true,
 ABSL_FLAG(int, dispatch_below_running, 0,
           "While fewer than this many batches run on a device, queued jobs go to it at once (1 "
           "is --dispatch_when_idle); 0 leaves it to --dispatch_when_idle.");
-ABSL_FLAG(int64_t, lane_spin_us, 0,
+ABSL_FLAG(int64_t, lane_spin_us, -1,
           "How long a worker lane that finds no batch waiting polls for the next one before it "
           "sleeps (one lane per device at a time, a core busy meanwhile): the next batch then "
-          "starts without a thread wake-up. 0 sleeps at once.");
+          "starts without a thread wake-up. 0 sleeps at once; -1 (default) picks 200 on a GPU "
+          "and 0 on the CPU.");
 ABSL_FLAG(double, max_batch_flops, 0,
           "Work budget of one batch in FLOPs (2*M*N*K summed); a larger problem runs alone. 0 "
           "picks 2e10 on the CPU, 1e12 on a GPU.");

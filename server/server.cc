@@ -53,6 +53,9 @@ MatmulServer::~MatmulServer() { Shutdown(absl::ZeroDuration()); }
 absl::Status MatmulServer::Start() {
   const bool cuda = engines_.backend == "cuda";
   if (config_.lanes_per_device <= 0) config_.lanes_per_device = cuda ? 4 : 1;
+  if (config_.lane_spin < absl::ZeroDuration()) {
+    config_.lane_spin = cuda ? kCudaLaneSpin : absl::ZeroDuration();
+  }
   if (config_.queue.max_batch_flops <= 0) config_.queue.max_batch_flops = cuda ? 1e12 : 2e10;
   uint64_t max_problem_bytes = 0;
   for (const auto& engine : engines_.engines) {

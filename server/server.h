@@ -31,6 +31,12 @@
 
 namespace matmul::server {
 
+// How long an idle GPU lane polls for its next batch unless configured:
+// on an H100 host it won a lone caller 4-36% more requests per second in
+// each of 10 paired rounds against sleeping at once (docs/BENCHMARKS.md,
+// twenty-first round), and a millisecond did worse under load.
+inline constexpr absl::Duration kCudaLaneSpin = absl::Microseconds(200);
+
 struct ServerConfig {
   // gRPC address; port 0 picks a free port (see MatmulServer::port()).
   std::string listen = "0.0.0.0:50051";
@@ -45,8 +51,10 @@ struct ServerConfig {
   bool dispatch_when_idle = true;
   // DynamicBatchScheduler::Options::dispatch_below_running.
   int dispatch_below_running = 0;
-  // DynamicBatchScheduler::Options::lane_spin.
-  absl::Duration lane_spin = absl::ZeroDuration();
+  // DynamicBatchScheduler::Options::lane_spin; negative picks one per
+  // backend: kCudaLaneSpin on a GPU, none on the CPU (where the poll takes a
+  // core from OpenBLAS).
+  absl::Duration lane_spin = absl::Microseconds(-1);
   // Batching and queue policy. max_batch_flops <= 0 picks a default per
   // backend (CPU 2e10, CUDA 1e12).
   JobQueue::Options queue;

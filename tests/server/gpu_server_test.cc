@@ -66,6 +66,9 @@ TEST(GpuServerTest, EveryDTypePrecisionShapeTransposeAndScalar) {
   EXPECT_EQ(info->devices(0).kind(), "cuda");
   EXPECT_FALSE(info->devices(0).compute_capability().empty());
   EXPECT_GT(info->devices(0).compute_units(), 0u);
+  // Unset lane settings pick the GPU defaults.
+  EXPECT_EQ(info->batching().lanes_per_device(), 4u);
+  EXPECT_EQ(info->batching().lane_spin_us(), 200u);
   std::mt19937_64 rng(std::random_device{}());
   struct Types {
     DType in, out;

@@ -399,6 +399,17 @@ TEST(ServerTest, GetServerInfoDescribesTheServer) {
   EXPECT_EQ(info->batching().lane_spin_us(), 70u);
 }
 
+// Left unset, the lane poll and the lanes follow the backend: the CPU
+// engine's lanes sleep at once (a poll would take a core from OpenBLAS).
+TEST(ServerTest, UnsetLaneSettingsPickTheCpuDefaults) {
+  auto server = StartServer(LoopbackConfig());
+  auto c = Connect(*server);
+  absl::StatusOr<v1::ServerInfo> info = c->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->batching().lane_spin_us(), 0u);
+  EXPECT_EQ(info->batching().lanes_per_device(), 1u);
+}
+
 TEST(ServerTest, MetricsEndpointExportsTheContractNames) {
   auto server = StartServer();
   auto c = Connect(*server);
