@@ -127,11 +127,7 @@ void DynamicBatchScheduler::Stop() {
     scheduler_cv_.SignalAll();
     for (DeviceState& d : devices_) {
       d.inbox_cv->SignalAll();
-      // A polling lane stops polling as if handed a batch, and finds stopping_.
-      if (d.polling_ticket != 0) {
-        d.claimed_ticket->store(d.polling_ticket, std::memory_order_release);
-        d.polling_ticket = 0;
-      }
+      d.HandToPollingLane();  // It stops polling and finds stopping_.
     }
   }
   Fail(std::move(leftover), absl::UnavailableError("server is shutting down"),
@@ -275,11 +271,7 @@ bool DynamicBatchScheduler::StepLocked(absl::Time now, Reaped* reaped, int self_
     d.inbox.push_back(std::move(batch));
     if (device == self_device && !self_claimed) {
       self_claimed = true;  // The calling lane takes it on its next look.
-    } else if (d.polling_ticket != 0) {
-      // The polling lane takes it; later ones wake a sleeping lane.
-      d.claimed_ticket->store(d.polling_ticket, std::memory_order_release);
-      d.polling_ticket = 0;
-    } else {
+    } else if (!d.HandToPollingLane()) {  // A polling lane takes only one.
       d.inbox_cv->Signal();
     }
   }

@@ -157,6 +157,14 @@ class DynamicBatchScheduler {
     // stay movable.
     std::unique_ptr<std::atomic<uint64_t>> claimed_ticket =
         std::make_unique<std::atomic<uint64_t>>(0);
+    // With mu_ held: ends the polling lane's poll as if handed a batch (it
+    // then looks at the inbox). Returns false when no lane polls.
+    bool HandToPollingLane() {
+      if (polling_ticket == 0) return false;
+      claimed_ticket->store(polling_ticket, std::memory_order_release);
+      polling_ticket = 0;
+      return true;
+    }
     // Batches running now, and when that count last changed (busy time).
     int running = 0;
     absl::Time last_change;
