@@ -41,9 +41,11 @@
 // CTAs' shared memory, so each SM pulls 32 KiB a k-block from L2 instead of
 // 48 KiB. A stage is free again only when the consumers of both CTAs are
 // done with it: each consumer releases it on both CTAs' empty barriers.
-// Units are handed out statically (unit u to cluster u mod clusters), since
-// both CTAs of a cluster must walk the same units. A pair whose second tile
-// lies below the problem computes on TMA's zero fill and stores nothing.
+// Both CTAs of a cluster must walk the same units: rank 0's scheduler
+// claims each from the counter and sends it to rank 1's through a small
+// ring in rank 1's shared memory (UnitAfter), so units go to whichever pair
+// is free, as tiles go to single CTAs. A pair whose second tile lies below
+// the problem computes on TMA's zero fill and stores nothing.
 //
 // Epilogue: where a problem has no C to read (beta = 0) and D's rows are
 // 16-byte aligned, each consumer warpgroup writes its 64 x BN accumulators
@@ -120,6 +122,7 @@ constexpr int kConsumerWarps = 8;        // Each releases a stage on its own.
 constexpr int kInfoSlots = 8;            // Tiles the scheduler may have ready ahead.
 constexpr int kMapBuilders = 2;          // Producer warps 2 and 3 (PrebuildMaps).
 constexpr int kMapWarps = 1 + kMapBuilders;  // Warps that build tensor maps: the scheduler too.
+constexpr int kUnitSlots = 2;            // Pairs: claimed units rank 0 may have sent ahead.
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -181,15 +184,53 @@ __device__ __forceinline__ uint32_t ClusterRank() {
   return r;
 }
 
-// Arrives on the barrier at `bar`'s offset in cluster CTA `rank`.
+// Arrives on the barrier at `bar`'s offset in cluster CTA `rank`, with the
+// default (CTA-scope) release. A consumer's stage release only has to order
+// its own MMAs' reads of its own CTA's stage before the peer's next
+// multicast into it, which waiting for the MMAs already does. The
+// cluster-scope form (.release.cluster) compiles to a CGAERRBAR before
+// every arrive; measured on an H100 (docs/BENCHMARKS.md, twenty-second
+// round) it made the pairs' load pipeline alone twice as slow (4096^3 bf16,
+// no MMAs: 290 us against 155 us), which is why pairs had been slower
+// than single CTAs.
 __device__ __forceinline__ void MbarArriveCluster(uint64_t* bar, uint32_t rank) {
   asm volatile(
       "{\n"
       ".reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
       "}\n" ::"r"(SmemAddr(bar)),
       "r"(rank)
+      : "memory");
+}
+
+// Publishes `value` at `slot`'s offset in cluster CTA `rank` and arrives on
+// the barrier at `bar`'s offset there, releasing the store at cluster scope
+// (once a tile, so the CGAERRBAR this costs does not matter).
+__device__ __forceinline__ void SendToPeer(int* slot, int value, uint64_t* bar, uint32_t rank) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote_slot, remote_bar;\n"
+      "mapa.shared::cluster.u32 remote_slot, %0, %3;\n"
+      "mapa.shared::cluster.u32 remote_bar, %1, %3;\n"
+      "st.shared::cluster.u32 [remote_slot], %2;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote_bar];\n"
+      "}\n" ::"r"(SmemAddr(slot)),
+      "r"(SmemAddr(bar)), "r"(value), "r"(rank)
+      : "memory");
+}
+
+// MbarWait that acquires at cluster scope: what the peer stored before its
+// SendToPeer arrive is visible after it.
+__device__ __forceinline__ void MbarWaitCluster(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred ready;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 ready, [%0], %1;\n"
+      "@!ready bra WAIT;\n"
+      "}\n" ::"r"(SmemAddr(bar)),
+      "r"(parity)
       : "memory");
 }
 
@@ -586,7 +627,10 @@ struct Layout {
   // k-blocks of each one's current tile (ConsumePing).
   static constexpr int kTurnOffset = kIssuedOffset + 16;
   static constexpr int kTurnBlocksOffset = kTurnOffset + 16;
-  static constexpr int kMapOffset = (kTurnBlocksOffset + 8 + 127) / 128 * 128;
+  // Pairs only: the ring of claimed units from rank 0's scheduler to rank
+  // 1's (Schedule): per slot a full and an empty barrier, then the units.
+  static constexpr int kUnitOffset = kTurnBlocksOffset + 8;
+  static constexpr int kMapOffset = (kUnitOffset + kUnitSlots * (8 + 8 + 4) + 127) / 128 * 128;
   static constexpr int kBytes = kMapOffset + kMapWarps * 3 * 128 + 1024;  // + alignment slack
   // A held stage (16-bit inputs: MainLoop's kHold) lends each consumer
   // warpgroup half of it, this many store boxes, for its tile's epilogue.
@@ -608,6 +652,9 @@ struct Smem {
   int* issued;           // k-blocks the loader has issued (shared-memory atomics).
   uint64_t* turn;        // Ping-pong: per consumer warpgroup, the other's MMAs are issued.
   int* turn_kblocks;     // Ping-pong: per consumer warpgroup, its current tile's k-blocks.
+  uint64_t* unit_full;   // Pairs, rank 1: per unit slot, rank 0 wrote it.
+  uint64_t* unit_empty;  // Pairs, rank 0: per unit slot, rank 1 read it.
+  int* unit;             // Pairs, rank 1: the unit slots, written by rank 0.
   CUtensorMap* scratch;  // Map scratch (A, B, D): the scheduler's, then each builder's.
 
   __device__ explicit Smem(uint8_t* base)
@@ -621,6 +668,9 @@ struct Smem {
         issued(reinterpret_cast<int*>(base + Layout<BN>::kIssuedOffset)),
         turn(reinterpret_cast<uint64_t*>(base + Layout<BN>::kTurnOffset)),
         turn_kblocks(reinterpret_cast<int*>(base + Layout<BN>::kTurnBlocksOffset)),
+        unit_full(reinterpret_cast<uint64_t*>(base + Layout<BN>::kUnitOffset)),
+        unit_empty(unit_full + kUnitSlots),
+        unit(reinterpret_cast<int*>(unit_empty + kUnitSlots)),
         scratch(reinterpret_cast<CUtensorMap*>(base + Layout<BN>::kMapOffset)) {}
 };
 
@@ -785,12 +835,32 @@ __device__ void PrebuildMaps(const Params& p, const Smem<BN>& sm) {
 }
 
 // Scheduler lane 0: the tile (unit) after `tile` (total_tiles when none).
+// With clusters only rank 0 claims (UnitAfter).
 template <int kCluster>
-__device__ __forceinline__ int ClaimTile(const Params& p, int tile) {
+__device__ __forceinline__ int ClaimTile(const Params& p) {
   const int ctas = static_cast<int>(gridDim.x) / kCluster;
   if (ctas >= p.total_tiles) return p.total_tiles;  // One tile per CTA (or cluster).
-  if constexpr (kCluster > 1) return tile + ctas;
-  return static_cast<int>(gridDim.x + atomicAdd(p.tile_counter, 1u));
+  return ctas + static_cast<int>(atomicAdd(p.tile_counter, 1u));
+}
+
+// Scheduler lane 0 of a pair (clusters of 2), the `n`-th claim: rank 0
+// claims the next unit and sends it to rank 1 through the unit ring, so
+// that both CTAs walk the same units, handed out to whichever pair is free
+// (as single CTAs take tiles). Rank 1 waits for it.
+template <int BN>
+__device__ __forceinline__ int UnitAfter(const Params& p, const Smem<BN>& sm, int n, int rank) {
+  const int slot = n % kUnitSlots;
+  const uint32_t phase = (n / kUnitSlots) & 1;
+  if (rank == 0) {
+    const int unit = ClaimTile<2>(p);
+    MbarWait(&sm.unit_empty[slot], phase ^ 1);  // Rank 1 has read the slot's last unit.
+    SendToPeer(&sm.unit[slot], unit, &sm.unit_full[slot], 1);
+    return unit;
+  }
+  MbarWaitCluster(&sm.unit_full[slot], phase);
+  const int unit = *static_cast<volatile int*>(&sm.unit[slot]);
+  MbarArriveCluster(&sm.unit_empty[slot], 0);
+  return unit;
 }
 
 // Loader: the TMA loads of k-block `kb` of the tile at (m0, n0) into
@@ -879,7 +949,7 @@ __device__ void Schedule(const Params& p, const Smem<BN>& sm) {
       if (lane == 0) {
         sm.info[slot].tile = -1;
         MbarArrive(&sm.info_full[slot]);
-        if (kCluster == 1 && dynamic && Inline(p)) {
+        if (dynamic && Inline(p)) {
           // This CTA's claims are over. The last CTA to get here sets the
           // counters back to zero for the next launch on the stream.
           CountOutOfTileClaims(p.tile_counter);
@@ -926,7 +996,11 @@ __device__ void Schedule(const Params& p, const Smem<BN>& sm) {
       if (dynamic) {
         while (published - atomicAdd(sm.issued, 0) > kLookahead) __nanosleep(32);
       }
-      next = ClaimTile<kCluster>(p, tile);
+      if constexpr (kCluster > 1) {
+        next = dynamic ? UnitAfter(p, sm, n, rank) : p.total_tiles;
+      } else {
+        next = dynamic ? ClaimTile<1>(p) : p.total_tiles;
+      }
     }
     tile = __shfl_sync(0xffffffffu, next, 0);
   }
@@ -1911,6 +1985,12 @@ __global__ void __launch_bounds__(kThreads, 1) HopperGroupedGemm(const __grid_co
       MbarInit(&sm.info_full[i], 1);
       MbarInit(&sm.info_empty[i], 1);
     }
+    if constexpr (kCluster > 1) {
+      for (int i = 0; i < kUnitSlots; ++i) {
+        MbarInit(&sm.unit_full[i], 1);
+        MbarInit(&sm.unit_empty[i], 1);
+      }
+    }
     if constexpr (kPing) {
       MbarInit(&sm.turn[0], kConsumerWarps / 2);  // The four warps of the other warpgroup.
       MbarInit(&sm.turn[1], kConsumerWarps / 2);
@@ -2115,6 +2195,7 @@ cudaError_t LaunchHopperGemm(const HopperLaunch& l) {
   }
   if (l.cluster == 2) {
     if (l.tile_n != kHopperWideN || l.grid % 2 != 0) return cudaErrorInvalidValue;
+    if (l.tile_counter == nullptr && l.grid / 2 < l.total_tiles) return cudaErrorInvalidValue;
     return LaunchForInput<256, 2>(l);
   }
   if (l.cluster != 1) return cudaErrorInvalidValue;

@@ -446,34 +446,41 @@ TEST_F(GroupedGemmTest, BatchesInTheLaunchParameters) {
 // Batches in the launch parameters reuse one pair of tile counters per
 // stream, which each grid sets back to zero when it is done: hundreds of
 // such launches in a row (more tiles than SMs, so the counter hands most of
-// them out), with table launches between them, give the same result every
-// time. A counter left non-zero would leave tiles unwritten (poisoned).
+// them out; for pairs of CTAs, rank 0 claims and sends each unit to rank 1),
+// with table launches between them, give the same result every time. A
+// counter left non-zero would leave tiles unwritten (poisoned).
 TEST_F(GroupedGemmTest, RepeatedLaunchesInTheParameters) {
   if (!launcher_->has_hopper_kernels()) GTEST_SKIP() << "no sm_90a GPU: nothing in parameters";
   const std::vector<HostProblem> host = {
       MakeHostProblem(1536, 1024, 64, DType::kBFloat16, DType::kBFloat16, rng_),
-      MakeHostProblem(200, 3000, 130, DType::kBFloat16, DType::kBFloat16, rng_, true, true, 0.5)};
+      MakeHostProblem(200, 3000, 130, DType::kBFloat16, DType::kBFloat16, rng_, true, true, 0.5),
+      // 128 pairs of wide tiles: more than the clusters that fit at once, so
+      // that pairs claim units from the counter too.
+      MakeHostProblem(2048, 4096, 64, DType::kBFloat16, DType::kBFloat16, rng_)};
   DeviceBatch batch(host, DType::kBFloat16, DType::kBFloat16);
   GroupedGemmOptions o;
-  const int widths[] = {64, 128, 0};
-  std::vector<std::vector<uint8_t>> first[3];
+  const int widths[] = {64, 128, 0, 256};
+  const int clusters[] = {1, 1, 0, 2};
+  std::vector<std::vector<uint8_t>> first[4];
   for (int rep = 0; rep < 300; ++rep) {
-    const int w = rep % 3;
+    const int w = rep % 4;
     o.hopper_tile_n = widths[w];
-    o.hopper_inline_problems = rep % 10 == 9 ? 0 : -1;
+    o.hopper_cluster = clusters[w];
+    o.hopper_inline_problems = rep % 5 == 4 ? 0 : -1;  // Every variant through a table too.
     ASSERT_TRUE(batch.Poison());
     LaunchReport report;
     Run(batch, o, &report);
-    ASSERT_EQ(report.hopper_inline, rep % 10 != 9);
+    ASSERT_EQ(report.hopper_inline, rep % 5 != 4);
     for (size_t i = 0; i < host.size(); ++i) {
       std::vector<uint8_t> d = batch.Download(i);
       if (first[w].size() <= i) {
         EXPECT_LE(CheckAgainstReference(host[i], d, o.input, o.output), 1e-2)
-            << "width " << widths[w] << " problem " << i;
+            << "width " << widths[w] << " cluster " << clusters[w] << " problem " << i;
         first[w].push_back(std::move(d));
       } else {
-        ASSERT_EQ(d, first[w][i]) << "launch " << rep << " (width " << widths[w]
-                                  << ", inline " << o.hopper_inline_problems << ") problem " << i
+        ASSERT_EQ(d, first[w][i]) << "launch " << rep << " (width " << widths[w] << ", cluster "
+                                  << clusters[w] << ", inline " << o.hopper_inline_problems
+                                  << ") problem " << i
                                   << " differs from the first";
       }
     }
