@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -500,6 +501,9 @@ struct BatchTally {
   int64_t tiles = 0;
   double work = 0;
   double longest = 0;
+  // `work` as pairs of CTAs (2-CTA clusters) would do it: whole pairs of
+  // tile-rows, a pair whose second tile lies below its problem costing two.
+  double pair_work = 0;
 };
 
 // Tallies `problems` for every width of `widths` in one pass. Each width
@@ -516,10 +520,12 @@ std::array<BatchTally, kWidths> TallyBatch(absl::Span<const DeviceGemmProblem> p
     const double kblocks = static_cast<double>(KBlocks(p, input));
     const int64_t rows = CeilDiv(p.m, kHopperTileM);
     for (size_t w = 0; w < kWidths; ++w) {
-      const int64_t n = rows * CeilDivPow2(p.n, widths[w]);  // HopperTiles(p, widths[w])
+      const int64_t columns = CeilDivPow2(p.n, widths[w]);
+      const int64_t n = rows * columns;  // HopperTiles(p, widths[w])
       const double cost = kblocks * per_kblock[w] + kPerTile;
       tally[w].tiles += n;
       tally[w].work += n * cost;
+      tally[w].pair_work += (rows + 1) / 2 * 2 * columns * cost;
       tally[w].longest = std::max(tally[w].longest, cost);
     }
   }
@@ -557,6 +563,27 @@ double EstimateHopperTime(absl::Span<const DeviceGemmProblem> problems, DType in
   return *std::max_element(free_at.begin(), free_at.end());
 }
 
+// The least share of a batch's pair work (BatchTally) that is real work for
+// the launcher to run it in pairs of CTAs. Measured on an H100
+// (docs/BENCHMARKS.md, twenty-second round), pairs against single CTAs,
+// bf16 batches: 64 x [1024,4096] (share about 0.98) 34% faster,
+// 256 x [64,1024] (about 0.91) 12% faster, 1024 x [64,256] (about 0.83)
+// 9% slower.
+constexpr double kPairsMinShare = 0.875;
+
+// Whether the launcher runs the wide tiles of `hopper` (a batch with its
+// TallyBatch for wide tiles, `wide`) in pairs of CTAs when the options
+// leave it the choice: batches of several 16-bit problems on the persistent
+// grid whose pairs are nearly all whole. Single problems stay single CTAs:
+// measured level with them or a few percent slower, and the split-K tail
+// is for single CTAs only. TF32 batches were not measured in pairs.
+bool PairsPay(absl::Span<const DeviceGemmProblem> hopper, const GroupedGemmOptions& o,
+              const BatchTally& wide) {
+  return hopper.size() > 1 && o.family == KernelFamily::kPersistent &&
+         (o.input == DType::kBFloat16 || o.input == DType::kFloat16) &&
+         wide.work >= kPairsMinShare * wide.pair_work;
+}
+
 // How the Hopper problems of a batch run: tile width, cluster size and,
 // for a batch of one problem, the split-K tail.
 struct HopperShape {
@@ -567,7 +594,7 @@ struct HopperShape {
 
 // The shape for `hopper` (the batch's Hopper problems; options already
 // validated): the asked width or the one with the shortest estimate (ties:
-// the wider), pairs only where asked for and possible, and a split tail
+// the wider), pairs where asked for or where they pay (PairsPay), and a split tail
 // only for a lone problem on the persistent grid of single CTAs that goes
 // in the launch parameters (the launcher drops it where the problem's maps
 // then cannot be encoded on the host).
@@ -582,10 +609,12 @@ HopperShape ChooseHopperShape(absl::Span<const DeviceGemmProblem> hopper,
                          o.hopper_split_k != 1 && o.hopper_inline_problems != 0 &&
                          o.hopper_cluster != 2;
   shape.tile_n = o.hopper_tile_n;
+  std::optional<BatchTally> wide;  // Several problems: TallyBatch for wide tiles.
   if (shape.tile_n == 0) {
     constexpr std::array<int, 3> kWidths = {kHopperWideN, kHopperNarrowN, kHopperSmallN};
     const std::array<BatchTally, 3> tally =
         hopper.size() > 1 ? TallyBatch(hopper, o.input, kWidths) : std::array<BatchTally, 3>{};
+    if (hopper.size() > 1) wide = tally[0];
     shape.tile_n = kWidths[0];
     double best = EstimateHopperTime(hopper, o.input, kWidths[0], num_sms, may_split, tally[0]);
     for (size_t w = 1; w < kWidths.size(); ++w) {
@@ -597,12 +626,17 @@ HopperShape ChooseHopperShape(absl::Span<const DeviceGemmProblem> hopper,
       }
     }
   }
-  // Pairs are opt-in: measured on the H200 (docs/BENCHMARKS.md) they run
-  // 5-10% slower than single CTAs with the dynamic tile counter, so the
-  // launcher's own choice is single CTAs.
-  shape.cluster =
-      shape.tile_n != kHopperWideN || max_clusters == 0 || o.hopper_cluster == 0 ? 1
-                                                                                : o.hopper_cluster;
+  // Pairs where asked for, or where the launcher has the choice and they
+  // pay (PairsPay); only wide tiles run in pairs.
+  if (shape.tile_n == kHopperWideN && max_clusters > 0) {
+    if (o.hopper_cluster == 0 && hopper.size() > 1 && !wide) {
+      wide = TallyBatch(hopper, o.input, std::array<int, 1>{kHopperWideN})[0];
+    }
+    shape.cluster =
+        o.hopper_cluster == 2 || (o.hopper_cluster == 0 && wide && PairsPay(hopper, o, *wide))
+            ? 2
+            : 1;
+  }
   if (may_split && shape.cluster == 1) {
     shape.split =
         PlanSingle(hopper[0], o.input, shape.tile_n, num_sms, o.hopper_split_k).second;

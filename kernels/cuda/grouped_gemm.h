@@ -70,8 +70,10 @@ struct GroupedGemmOptions {
   // columns); 0 lets a cost model choose per batch. For benchmarks and tests.
   int hopper_tile_n = 0;
   // CTAs per cluster for the Hopper kernel: 2 pairs vertically adjacent wide
-  // tiles that share B through TMA multicast (static tile order), 1 never
-  // does, 0 lets the launcher choose (at present: 1, the faster on the H200).
+  // tiles that share B through TMA multicast, 1 never does, 0 lets the
+  // launcher choose: pairs for batches of several 16-bit problems whose
+  // pairs of tile-rows are nearly all whole (grouped_gemm.cc, PairsPay;
+  // measured up to 34% faster on large batches), single CTAs otherwise.
   int hopper_cluster = 0;
   // Batches of at most this many Hopper problems carry their problem table
   // and tensor maps (encoded on the host) in the launch's parameters instead

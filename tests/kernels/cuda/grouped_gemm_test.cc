@@ -507,6 +507,48 @@ TEST_F(GroupedGemmTest, ClusterPairsLargeAndOdd) {
   tile_n_ = 0;
 }
 
+// The launcher's own choice of pairs (hopper_cluster 0, grouped_gemm.cc's
+// PairsPay) for wide tiles: batches of several 16-bit problems whose pairs of
+// tile-rows are all whole run in pairs; a batch of one-tile-row problems (half
+// of every pair would be empty) and a single problem run single CTAs. Each
+// result is checked whichever way it ran.
+TEST_F(GroupedGemmTest, ChosenPairs) {
+  tile_n_ = 256;
+  cluster_ = 0;
+  struct Case {
+    std::string what;
+    std::vector<HostProblem> batch;
+    DType in;
+    bool pairs;
+  };
+  std::vector<Case> cases;
+  for (DType in : {DType::kBFloat16, DType::kFloat16}) {
+    std::vector<HostProblem> even;
+    for (int i = 0; i < 6; ++i) {
+      even.push_back(MakeHostProblem(512 + 256 * i, 1024 + 8 * i, 512 + 64 * i, in, in, rng_,
+                                     i & 1, i & 2));
+    }
+    cases.push_back({absl::StrCat("whole pairs ", DTypeName(in)), std::move(even), in, true});
+  }
+  std::vector<HostProblem> short_rows;
+  for (int i = 0; i < 32; ++i) {
+    short_rows.push_back(MakeHostProblem(8 + 4 * i, 512, 256, DType::kBFloat16, DType::kBFloat16,
+                                         rng_));
+  }
+  cases.push_back({"one tile-row each", std::move(short_rows), DType::kBFloat16, false});
+  cases.push_back({"single problem",
+                   {MakeHostProblem(2048, 2048, 512, DType::kBFloat16, DType::kBFloat16, rng_)},
+                   DType::kBFloat16, false});
+  for (const Case& c : cases) {
+    const LaunchReport report = RunAndCheck(c.batch, c.in, c.in, Precision::kDefault,
+                                            KernelFamily::kPersistent, 4096, c.what);
+    if (launcher_->has_hopper_kernels()) {
+      EXPECT_EQ(report.hopper_tile, c.pairs ? "128x256 x2 cluster" : "128x256") << c.what;
+    }
+  }
+  tile_n_ = 0;
+}
+
 // The launcher's own choice of width (a cost model): every width it can pick
 // for single problems of different sizes gives right results.
 TEST_F(GroupedGemmTest, ChosenTileWidths) {
