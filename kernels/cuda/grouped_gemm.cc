@@ -571,17 +571,40 @@ double EstimateHopperTime(absl::Span<const DeviceGemmProblem> problems, DType in
 // 9% slower.
 constexpr double kPairsMinShare = 0.875;
 
+// True when rows of p's A or B start off 32-byte sectors (they are 16-byte
+// aligned, as the Hopper path needs): each 128-byte row of a TMA box then
+// spans five sectors instead of four.
+bool RowsOffSectors(const DeviceGemmProblem& p, DType input) {
+  const int64_t size = static_cast<int64_t>(ElementSize(input));
+  auto on_sector = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 32 == 0; };
+  return (p.lda * size) % 32 != 0 || (p.ldb * size) % 32 != 0 || !on_sector(p.a) ||
+         !on_sector(p.b);
+}
+
 // Whether the launcher runs the wide tiles of `hopper` (a batch with its
 // TallyBatch for wide tiles, `wide`) in pairs of CTAs when the options
-// leave it the choice: batches of several 16-bit problems on the persistent
-// grid whose pairs are nearly all whole. Single problems stay single CTAs:
-// measured level with them or a few percent slower, and the split-K tail
-// is for single CTAs only. TF32 batches were not measured in pairs.
+// leave it the choice: 16-bit problems on the persistent grid whose pairs
+// are nearly all whole. A single problem must also have rows of A or B
+// that start off 32-byte sectors, at least two waves of single tiles on
+// `num_sms` SMs, and no split-K tail asked for (hopper_split_k of 2 or
+// more). Measured on an H100 (docs/BENCHMARKS.md, twenty-second round):
+// with rows off sectors, the third less that pairs read from L2 pays for
+// the quarter more that split sectors cost (3000^3 and 4104^3 31-37%
+// faster than single CTAs with their split-K tail; 2056^3, 1.2 waves,
+// level). With rows on sectors pairs ran level with single CTAs or a few
+// percent slower, and without the split-K tail a problem of about a wave
+// (1032 x 4096 x 4096) 20% slower. TF32 was not measured in pairs.
 bool PairsPay(absl::Span<const DeviceGemmProblem> hopper, const GroupedGemmOptions& o,
-              const BatchTally& wide) {
-  return hopper.size() > 1 && o.family == KernelFamily::kPersistent &&
-         (o.input == DType::kBFloat16 || o.input == DType::kFloat16) &&
-         wide.work >= kPairsMinShare * wide.pair_work;
+              const BatchTally& wide, int num_sms) {
+  if (hopper.empty() || o.family != KernelFamily::kPersistent ||
+      (o.input != DType::kBFloat16 && o.input != DType::kFloat16)) {
+    return false;
+  }
+  if (hopper.size() == 1 && (o.hopper_split_k >= 2 || wide.tiles < 2 * int64_t{num_sms} ||
+                             !RowsOffSectors(hopper[0], o.input))) {
+    return false;
+  }
+  return wide.work >= kPairsMinShare * wide.pair_work;
 }
 
 // How the Hopper problems of a batch run: tile width, cluster size and,
@@ -609,7 +632,7 @@ HopperShape ChooseHopperShape(absl::Span<const DeviceGemmProblem> hopper,
                          o.hopper_split_k != 1 && o.hopper_inline_problems != 0 &&
                          o.hopper_cluster != 2;
   shape.tile_n = o.hopper_tile_n;
-  std::optional<BatchTally> wide;  // Several problems: TallyBatch for wide tiles.
+  std::optional<BatchTally> wide;  // TallyBatch for wide tiles, once needed.
   if (shape.tile_n == 0) {
     constexpr std::array<int, 3> kWidths = {kHopperWideN, kHopperNarrowN, kHopperSmallN};
     const std::array<BatchTally, 3> tally =
@@ -629,11 +652,11 @@ HopperShape ChooseHopperShape(absl::Span<const DeviceGemmProblem> hopper,
   // Pairs where asked for, or where the launcher has the choice and they
   // pay (PairsPay); only wide tiles run in pairs.
   if (shape.tile_n == kHopperWideN && max_clusters > 0) {
-    if (o.hopper_cluster == 0 && hopper.size() > 1 && !wide) {
+    if (o.hopper_cluster == 0 && !wide) {
       wide = TallyBatch(hopper, o.input, std::array<int, 1>{kHopperWideN})[0];
     }
     shape.cluster =
-        o.hopper_cluster == 2 || (o.hopper_cluster == 0 && wide && PairsPay(hopper, o, *wide))
+        o.hopper_cluster == 2 || (o.hopper_cluster == 0 && wide && PairsPay(hopper, o, *wide, num_sms))
             ? 2
             : 1;
   }

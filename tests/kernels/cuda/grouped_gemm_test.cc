@@ -509,9 +509,10 @@ TEST_F(GroupedGemmTest, ClusterPairsLargeAndOdd) {
 
 // The launcher's own choice of pairs (hopper_cluster 0, grouped_gemm.cc's
 // PairsPay) for wide tiles: batches of several 16-bit problems whose pairs of
-// tile-rows are all whole run in pairs; a batch of one-tile-row problems (half
-// of every pair would be empty) and a single problem run single CTAs. Each
-// result is checked whichever way it ran.
+// tile-rows are all whole run in pairs, and so does a single problem whose
+// rows start off 32-byte sectors; a batch of one-tile-row problems (half of
+// every pair would be empty) and a single problem with rows on sectors run
+// single CTAs. Each result is checked whichever way it ran.
 TEST_F(GroupedGemmTest, ChosenPairs) {
   tile_n_ = 256;
   cluster_ = 0;
@@ -536,9 +537,13 @@ TEST_F(GroupedGemmTest, ChosenPairs) {
                                          rng_));
   }
   cases.push_back({"one tile-row each", std::move(short_rows), DType::kBFloat16, false});
-  cases.push_back({"single problem",
+  cases.push_back({"single problem, rows on sectors",
                    {MakeHostProblem(2048, 2048, 512, DType::kBFloat16, DType::kBFloat16, rng_)},
                    DType::kBFloat16, false});
+  // Rows of 3000 bf16 elements: 6000 bytes, 16 off a sector.
+  cases.push_back({"single problem, rows off sectors",
+                   {MakeHostProblem(3000, 3000, 3000, DType::kBFloat16, DType::kBFloat16, rng_)},
+                   DType::kBFloat16, true});
   for (const Case& c : cases) {
     const LaunchReport report = RunAndCheck(c.batch, c.in, c.in, Precision::kDefault,
                                             KernelFamily::kPersistent, 4096, c.what);
