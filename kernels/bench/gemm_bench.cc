@@ -11,7 +11,8 @@
 // --size picks single-problem rows by label (4096^3) and grouped batches by
 // their problem count (256, 1024, 64); a label MxNxK not in the table (such
 // as 4096x4096x1024) adds that single problem; --dtype picks bfloat16, float16,
-// tf32 or float32 rows. --b_stored=nxk stores the single problems' B as
+// tf32 or float32 rows (grouped batches: bfloat16 only unless --dtype asks
+// for float16 or tf32 ones too). --b_stored=nxk stores the single problems' B as
 // n x k (K-major) instead of k x n. --inline=N sends batches of at most N
 // problems in the launch's parameters (0: always through a table in device
 // memory; default: the launcher's limit). --split_k=N sets
@@ -52,8 +53,8 @@
 //  * single problems (bf16, fp16, TF32, float32; 1024^3 ... 8192^3 and
 //    4096 x 11008 x 4096): ours persistent, ours one CTA per tile, cuBLAS;
 //  * grouped batches (256 problems of 64..1024, 1024 of 64..256, 64 of
-//    1024..4096, bf16): ours in one launch, one cublasGemmEx per problem,
-//    cublasGemmGroupedBatchedEx.
+//    1024..4096; bf16, and fp16 or TF32 where --dtype asks): ours in one launch,
+//    one cublasGemmEx per problem, cublasGemmGroupedBatchedEx.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -450,8 +451,12 @@ class Bench {
     for (Row& r : rows) Emit(r);
   }
 
-  void Grouped(const std::string& label, int count, int lo, int hi) {
-    const DType in = DType::kBFloat16, out = DType::kBFloat16;
+  // A batch of `count` problems with M, N, K uniform in [lo, hi], inputs
+  // and outputs of type `in` (float32 with `precision` TF32: tf32 rows).
+  void Grouped(const std::string& label, int count, int lo, int hi, DType in = DType::kBFloat16,
+               Precision precision = Precision::kDefault) {
+    const DType out = in;
+    const std::string dtype = in == DType::kFloat32 ? "tf32" : std::string(DTypeName(in));
     std::uniform_int_distribution<int> dim(lo, hi);
     std::vector<Shape> shapes;
     for (int i = 0; i < count; ++i) shapes.push_back({dim(rng_), dim(rng_), dim(rng_)});
@@ -471,6 +476,7 @@ class Bench {
     GroupedGemmOptions loop_options;
     loop_options.input = in;
     loop_options.output = out;
+    loop_options.precision = precision;
     loop_options.family = KernelFamily::kCublas;
     std::vector<void**> grouped_ptrs;
     const KernelFamily ours[] = {KernelFamily::kPersistent, KernelFamily::kNonPersistent};
@@ -482,7 +488,8 @@ class Bench {
       o.hopper_cluster = g_cluster;
       o.hopper_inline_problems = g_inline;
       o.hopper_edge_tiles = g_edge_tiles;
-      o.hopper_pingpong = g_pingpong;  // Grouped rows are bfloat16.
+      o.hopper_tf32_register_a = g_tf32_register_a;
+      o.hopper_pingpong = g_pingpong && in != DType::kFloat32;  // 16-bit inputs only.
       options.push_back(o);
     }
     LaunchReport reports[2];
@@ -492,7 +499,7 @@ class Bench {
           CHECK_OK(launcher_->Run(buffers->sets[set], loop_options, workspace_, workspace_bytes_,
                                   stream_));
         },
-        CublasGroupedRun(*buffers, in, out, &grouped_ptrs)};
+        CublasGroupedRun(*buffers, in, out, precision, &grouped_ptrs)};
     for (int f = 0; f < 2; ++f) {
       runs.push_back([&, f](int set) {
         CHECK_OK(launcher_->Run(buffers->sets[set], options[f], workspace_, workspace_bytes_,
@@ -512,10 +519,10 @@ class Bench {
     for (size_t i = 0; i < shapes.size(); ++i) CopyD(ref->sets[0][i], buffers->sets[0][i], out);
     const double best_cublas = std::min(loop_ms, grouped_ms);
     std::vector<Row> rows;
-    rows.push_back({"grouped", label, "bfloat16", "cuBLAS per problem", loop_ms * 1e3,
+    rows.push_back({"grouped", label, dtype, "cuBLAS per problem", loop_ms * 1e3,
                     flops / (loop_ms * 1e-3) / 1e12, best_cublas / loop_ms});
     rows.back().host_us = timed[0].host_us;
-    rows.push_back({"grouped", label, "bfloat16", "cublasGemmGroupedBatchedEx", grouped_ms * 1e3,
+    rows.push_back({"grouped", label, dtype, "cublasGemmGroupedBatchedEx", grouped_ms * 1e3,
                     flops / (grouped_ms * 1e-3) / 1e12, best_cublas / grouped_ms});
     rows.back().host_us = timed[1].host_us;
     for (int f = 0; f < 2; ++f) {
@@ -524,7 +531,7 @@ class Bench {
       CHECK_OK(launcher_->Run(buffers->sets[0], options[f], workspace_, workspace_bytes_, stream_,
                               &report));
       CHECK_CUDA(cudaStreamSynchronize(stream_));
-      Row r{"grouped", label, "bfloat16",
+      Row r{"grouped", label, dtype,
             absl::StrCat(ours[f] == KernelFamily::kPersistent ? "ours persistent" : "ours one CTA/tile",
                          " (", report.launches, " launch, ", report.hopper_tile, ")")};
       r.us = ms * 1e3;
@@ -570,7 +577,11 @@ class Bench {
   // a function of the set for TimeVariants. The device arrays of pointers
   // it reads are added to `device_ptrs`, for the caller to free.
   std::function<void(int)> CublasGroupedRun(const Buffers& buffers, DType in, DType out,
+                                            Precision precision,
                                             std::vector<void**>* device_ptrs) {
+    const cublasComputeType_t compute = in == DType::kFloat32 && precision == Precision::kTF32
+                                            ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                            : CUBLAS_COMPUTE_32F;
     struct Call {
       std::vector<cublasOperation_t> ops;
       std::vector<int> m, n, k, lda, ldb, ldc, size;
@@ -606,14 +617,14 @@ class Bench {
       CHECK_CUDA(cudaMemcpy(ptrs, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice));
       device_ptrs->push_back(ptrs);
     }
-    return [this, call, count, in, out, device_ptrs, first](int set) {
+    return [this, call, count, in, out, compute, device_ptrs, first](int set) {
       void** ptrs = (*device_ptrs)[first + set];
       const cublasStatus_t s = cublasGemmGroupedBatchedEx(
           cublas_, call->ops.data(), call->ops.data(), call->m.data(), call->n.data(),
           call->k.data(), call->alpha.data(), const_cast<const void* const*>(ptrs), CudaType(in),
           call->lda.data(), const_cast<const void* const*>(ptrs + count), CudaType(in),
           call->ldb.data(), call->beta.data(), ptrs + 2 * count, CudaType(out), call->ldc.data(),
-          count, call->size.data(), CUBLAS_COMPUTE_32F);
+          count, call->size.data(), compute);
       if (s != CUBLAS_STATUS_SUCCESS) {
         std::fprintf(stderr, "cublasGemmGroupedBatchedEx: %s\n", cublasGetStatusString(s));
         std::exit(1);
@@ -728,9 +739,17 @@ int Main(int argc, char** argv) {
     }
   }
   if (want("grouped")) {
-    if (listed(sizes_wanted, "256")) bench.Grouped("256 x [64,1024]", 256, 64, 1024);
-    if (listed(sizes_wanted, "1024")) bench.Grouped("1024 x [64,256]", 1024, 64, 256);
-    if (listed(sizes_wanted, "64")) bench.Grouped("64 x [1024,4096]", 64, 1024, 4096);
+    // bfloat16 batches, or those of each --dtype asked for among bfloat16,
+    // float16 and tf32 (exact float32 batches are not in the table).
+    for (auto [in, precision] : {std::pair{DType::kBFloat16, Precision::kDefault},
+                                 std::pair{DType::kFloat16, Precision::kDefault},
+                                 std::pair{DType::kFloat32, Precision::kTF32}}) {
+      const std::string dtype = in == DType::kFloat32 ? "tf32" : std::string(DTypeName(in));
+      if (dtypes_wanted.empty() ? in != DType::kBFloat16 : !listed(dtypes_wanted, dtype)) continue;
+      if (listed(sizes_wanted, "256")) bench.Grouped("256 x [64,1024]", 256, 64, 1024, in, precision);
+      if (listed(sizes_wanted, "1024")) bench.Grouped("1024 x [64,256]", 1024, 64, 256, in, precision);
+      if (listed(sizes_wanted, "64")) bench.Grouped("64 x [1024,4096]", 64, 1024, 4096, in, precision);
+    }
   }
   bench.WriteJson(json);
   return 0;
