@@ -192,7 +192,8 @@ __device__ __forceinline__ uint32_t ClusterRank() {
 // every arrive; measured on an H100 (docs/BENCHMARKS.md, twenty-second
 // round) it made the pairs' load pipeline alone twice as slow (4096^3 bf16,
 // no MMAs: 290 us against 155 us), which is why pairs had been slower
-// than single CTAs.
+// than single CTAs. Rank 1's scheduler gives a unit slot back with it too
+// (UnitAfter): its read of the slot is done before it arrives.
 __device__ __forceinline__ void MbarArriveCluster(uint64_t* bar, uint32_t rank) {
   asm volatile(
       "{\n"
@@ -834,8 +835,9 @@ __device__ void PrebuildMaps(const Params& p, const Smem<BN>& sm) {
   }
 }
 
-// Scheduler lane 0: the tile (unit) after `tile` (total_tiles when none).
-// With clusters only rank 0 claims (UnitAfter).
+// Scheduler lane 0: the next tile (unit, with clusters) from the counter,
+// or total_tiles when each CTA (cluster) has only its first. With clusters
+// only rank 0 claims (UnitAfter).
 template <int kCluster>
 __device__ __forceinline__ int ClaimTile(const Params& p) {
   const int ctas = static_cast<int>(gridDim.x) / kCluster;
