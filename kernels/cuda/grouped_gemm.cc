@@ -120,6 +120,17 @@ CUresult Encode2d(Encoder encode, CUtensorMap* map, CUtensorMapDataType type, co
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
+// True when A and B of `p` and every one of their rows start on a multiple
+// of `bytes` (elements of `input`).
+bool RowsAlignedTo(const DeviceGemmProblem& p, DType input, int64_t bytes) {
+  const int64_t size = static_cast<int64_t>(ElementSize(input));
+  auto aligned = [bytes](const void* ptr) {
+    return reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(bytes) == 0;
+  };
+  return (p.lda * size) % bytes == 0 && (p.ldb * size) % bytes == 0 && aligned(p.a) &&
+         aligned(p.b);
+}
+
 }  // namespace
 
 std::string CudaErrorString(cudaError_t error) {
@@ -253,10 +264,8 @@ struct GroupedGemmLauncher::Impl {
 GroupedGemmLauncher::~GroupedGemmLauncher() = default;
 
 bool GroupedGemmLauncher::HopperEligible(const DeviceGemmProblem& p, DType input) {
-  const int64_t size = static_cast<int64_t>(ElementSize(input));
-  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  return (p.lda * size) % 16 == 0 && (p.ldb * size) % 16 == 0 && aligned(p.a) && aligned(p.b) &&
-         p.m < (int64_t{1} << 31) && p.n < (int64_t{1} << 31) && p.k < (int64_t{1} << 31);
+  return RowsAlignedTo(p, input, 16) && p.m < (int64_t{1} << 31) && p.n < (int64_t{1} << 31) &&
+         p.k < (int64_t{1} << 31);
 }
 
 absl::StatusOr<std::unique_ptr<GroupedGemmLauncher>> GroupedGemmLauncher::Create(int device) {
@@ -571,16 +580,6 @@ double EstimateHopperTime(absl::Span<const DeviceGemmProblem> problems, DType in
 // 9% slower.
 constexpr double kPairsMinShare = 0.875;
 
-// True when rows of p's A or B start off 32-byte sectors (they are 16-byte
-// aligned, as the Hopper path needs): each 128-byte row of a TMA box then
-// spans five sectors instead of four.
-bool RowsOffSectors(const DeviceGemmProblem& p, DType input) {
-  const int64_t size = static_cast<int64_t>(ElementSize(input));
-  auto on_sector = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 32 == 0; };
-  return (p.lda * size) % 32 != 0 || (p.ldb * size) % 32 != 0 || !on_sector(p.a) ||
-         !on_sector(p.b);
-}
-
 // Whether the launcher runs the wide tiles of `hopper` (a batch with its
 // TallyBatch for wide tiles, `wide`) in pairs of CTAs when the options
 // leave it the choice: 16-bit problems on the persistent grid whose pairs
@@ -601,7 +600,9 @@ bool PairsPay(absl::Span<const DeviceGemmProblem> hopper, const GroupedGemmOptio
     return false;
   }
   if (hopper.size() == 1 && (o.hopper_split_k >= 2 || wide.tiles < 2 * int64_t{num_sms} ||
-                             !RowsOffSectors(hopper[0], o.input))) {
+                             // Rows on 32-byte sectors (each 128-byte row of a TMA
+                             // box spans four sectors, not five).
+                             RowsAlignedTo(hopper[0], o.input, 32))) {
     return false;
   }
   return wide.work >= kPairsMinShare * wide.pair_work;

@@ -72,8 +72,10 @@ struct GroupedGemmOptions {
   // CTAs per cluster for the Hopper kernel: 2 pairs vertically adjacent wide
   // tiles that share B through TMA multicast, 1 never does, 0 lets the
   // launcher choose: pairs for batches of several 16-bit problems whose
-  // pairs of tile-rows are nearly all whole (grouped_gemm.cc, PairsPay;
-  // measured up to 34% faster on large batches), single CTAs otherwise.
+  // pairs of tile-rows are nearly all whole, and for a single 16-bit problem
+  // of two waves or more whose rows start off 32-byte sectors
+  // (grouped_gemm.cc, PairsPay; measured up to 37% faster), single CTAs
+  // otherwise.
   int hopper_cluster = 0;
   // Batches of at most this many Hopper problems carry their problem table
   // and tensor maps (encoded on the host) in the launch's parameters instead
