@@ -246,6 +246,13 @@ bool g_pingpong = false;
 int g_simt_tile = 0;
 constexpr int kBatch = 8;
 
+// The dtype column and --dtype name of rows with inputs `in` at `precision`:
+// bfloat16, float16, tf32 or float32.
+std::string DTypeLabel(DType in, Precision precision) {
+  if (in != DType::kFloat32) return std::string(DTypeName(in));
+  return precision == Precision::kTF32 ? "tf32" : "float32";
+}
+
 // The median of `v` (0 when empty).
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -377,8 +384,7 @@ class Bench {
     auto ref = MakeBuffers(shapes, in, out, rng_, g_b_nxk);  // Output copies for the check.
     const double flops = FlopsOf(shapes);
     const int reps = g_reps > 0 ? g_reps : (quick_ ? 10 : (flops > 1e12 ? 20 : 50));
-    const std::string dtype = in == DType::kFloat32 ? (precision == Precision::kTF32 ? "tf32" : "float32")
-                                                    : std::string(DTypeName(in));
+    const std::string dtype = DTypeLabel(in, precision);
     const KernelFamily families[] = {KernelFamily::kCublas, KernelFamily::kPersistent,
                                      KernelFamily::kNonPersistent};
     std::vector<GroupedGemmOptions> options;
@@ -456,7 +462,7 @@ class Bench {
   void Grouped(const std::string& label, int count, int lo, int hi, DType in = DType::kBFloat16,
                Precision precision = Precision::kDefault) {
     const DType out = in;
-    const std::string dtype = in == DType::kFloat32 ? "tf32" : std::string(DTypeName(in));
+    const std::string dtype = DTypeLabel(in, precision);
     std::uniform_int_distribution<int> dim(lo, hi);
     std::vector<Shape> shapes;
     for (int i = 0; i < count; ++i) shapes.push_back({dim(rng_), dim(rng_), dim(rng_)});
@@ -727,9 +733,7 @@ int Main(int argc, char** argv) {
                                  std::pair{DType::kFloat16, Precision::kDefault},
                                  std::pair{DType::kFloat32, Precision::kTF32},
                                  std::pair{DType::kFloat32, Precision::kDefault}}) {
-      const std::string dtype = in == DType::kFloat32
-                                    ? (precision == Precision::kTF32 ? "tf32" : "float32")
-                                    : std::string(DTypeName(in));
+      const std::string dtype = DTypeLabel(in, precision);
       if (!listed(dtypes_wanted, dtype)) continue;
       for (const auto& [shape, label] : sizes) {
         if (quick && shape.m > 4096 && sizes_wanted.empty()) continue;
@@ -744,7 +748,7 @@ int Main(int argc, char** argv) {
     for (auto [in, precision] : {std::pair{DType::kBFloat16, Precision::kDefault},
                                  std::pair{DType::kFloat16, Precision::kDefault},
                                  std::pair{DType::kFloat32, Precision::kTF32}}) {
-      const std::string dtype = in == DType::kFloat32 ? "tf32" : std::string(DTypeName(in));
+      const std::string dtype = DTypeLabel(in, precision);
       if (dtypes_wanted.empty() ? in != DType::kBFloat16 : !listed(dtypes_wanted, dtype)) continue;
       if (listed(sizes_wanted, "256")) bench.Grouped("256 x [64,1024]", 256, 64, 1024, in, precision);
       if (listed(sizes_wanted, "1024")) bench.Grouped("1024 x [64,256]", 1024, 64, 256, in, precision);
