@@ -835,14 +835,12 @@ __device__ void PrebuildMaps(const Params& p, const Smem<BN>& sm) {
   }
 }
 
-// Scheduler lane 0: the next tile (unit, with clusters) from the counter,
-// or total_tiles when each CTA (cluster) has only its first. With clusters
-// only rank 0 claims (UnitAfter).
+// Scheduler lane 0 of a grid with fewer CTAs (clusters) than tiles (units),
+// Schedule's `dynamic`: the next tile (unit) from the counter, after each
+// CTA's (cluster's) first. With clusters only rank 0 claims (UnitAfter).
 template <int kCluster>
 __device__ __forceinline__ int ClaimTile(const Params& p) {
-  const int ctas = static_cast<int>(gridDim.x) / kCluster;
-  if (ctas >= p.total_tiles) return p.total_tiles;  // One tile per CTA (or cluster).
-  return ctas + static_cast<int>(atomicAdd(p.tile_counter, 1u));
+  return static_cast<int>(gridDim.x) / kCluster + static_cast<int>(atomicAdd(p.tile_counter, 1u));
 }
 
 // Scheduler lane 0 of a pair (clusters of 2), the `n`-th claim: rank 0
