@@ -373,6 +373,8 @@ namespace {
 // True when the Hopper kernel can take `p` as the launcher lays it out for
 // it (HopperAsRun: TF32 copies and transposed problems).
 bool HopperReady(const DeviceGemmProblem& p, const GroupedGemmOptions& o) {
+  // 16-bit problems run as given: no copy of each (Plan walks every problem).
+  if (o.input != DType::kFloat32) return GroupedGemmLauncher::HopperEligible(p, o.input);
   return GroupedGemmLauncher::HopperEligible(HopperAsRun(p, o), o.input);
 }
 
@@ -518,25 +520,51 @@ struct BatchTally {
 // Tallies `problems` for every width of `widths` in one pass. Each width
 // walking a large batch on its own cost the launcher's plan a few µs per
 // width for 1024 problems (docs/BENCHMARKS.md, eleventh round: the plan is
-// the largest host phase of that batch).
+// the largest host phase of that batch). A tile of `kb` k-blocks costs
+// kb * KBlockCost + kPerTile, so the pass sums tiles and tiles times
+// k-blocks in local accumulators and prices them once at the end: summing
+// each tile's cost into the tallies themselves chained every problem's
+// additions through memory (a third of the plan of 1024 problems on the
+// development machine).
 template <size_t kWidths>
 std::array<BatchTally, kWidths> TallyBatch(absl::Span<const DeviceGemmProblem> problems,
                                            DType input, const std::array<int, kWidths>& widths) {
-  std::array<double, kWidths> per_kblock;
-  for (size_t w = 0; w < kWidths; ++w) per_kblock[w] = KBlockCost(widths[w]);
-  std::array<BatchTally, kWidths> tally{};
+  std::array<int, kWidths> shift;
+  for (size_t w = 0; w < kWidths; ++w) shift[w] = __builtin_ctz(static_cast<unsigned>(widths[w]));
+  // Per width: tiles and pair tiles (integers), and each times its
+  // k-blocks (doubles: a problem of 2^31 rows, columns and k-blocks
+  // would overflow 64 bits).
+  std::array<int64_t, kWidths> tiles{}, pair_tiles{};
+  std::array<double, kWidths> tile_kblocks{}, pair_kblocks{};
+  int64_t most_kblocks = -1;
+  const int64_t bk = 128 / static_cast<int64_t>(ElementSize(input));  // KBlocks, divided once.
+  const int bk_shift = __builtin_ctzll(static_cast<uint64_t>(bk));
   for (const DeviceGemmProblem& p : problems) {
-    const double kblocks = static_cast<double>(KBlocks(p, input));
+    const int64_t kblocks = (p.k + bk - 1) >> bk_shift;  // KBlocks(p, input)
     const int64_t rows = CeilDiv(p.m, kHopperTileM);
+    const int64_t pair_rows = (rows + 1) / 2 * 2;  // A pair's second tile below its problem counts.
+    const double kb = static_cast<double>(kblocks);
+    most_kblocks = std::max(most_kblocks, kblocks);
+    // Unrolled, so that the accumulators stay in registers.
+#pragma GCC unroll 4
     for (size_t w = 0; w < kWidths; ++w) {
-      const int64_t columns = CeilDivPow2(p.n, widths[w]);
+      const int64_t columns = (p.n + widths[w] - 1) >> shift[w];
       const int64_t n = rows * columns;  // HopperTiles(p, widths[w])
-      const double cost = kblocks * per_kblock[w] + kPerTile;
-      tally[w].tiles += n;
-      tally[w].work += n * cost;
-      tally[w].pair_work += (rows + 1) / 2 * 2 * columns * cost;
-      tally[w].longest = std::max(tally[w].longest, cost);
+      tiles[w] += n;
+      tile_kblocks[w] += static_cast<double>(n) * kb;
+      pair_tiles[w] += pair_rows * columns;
+      pair_kblocks[w] += static_cast<double>(pair_rows * columns) * kb;
     }
+  }
+  std::array<BatchTally, kWidths> tally{};
+  for (size_t w = 0; w < kWidths; ++w) {
+    const double per_kblock = KBlockCost(widths[w]);
+    tally[w].tiles = tiles[w];
+    tally[w].work = tile_kblocks[w] * per_kblock + static_cast<double>(tiles[w]) * kPerTile;
+    tally[w].pair_work =
+        pair_kblocks[w] * per_kblock + static_cast<double>(pair_tiles[w]) * kPerTile;
+    tally[w].longest =
+        most_kblocks < 0 ? 0.0 : static_cast<double>(most_kblocks) * per_kblock + kPerTile;
   }
   return tally;
 }
@@ -680,10 +708,13 @@ WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::
   for (size_t i = 0; i < problems.size(); ++i) {
     if (paths[i] == Path::kHopper) {
       ++hopper;
-      const DeviceGemmProblem run = HopperAsRun(problems[i], o);
-      hopper_tiles += CeilDiv(run.m, kHopperTileM) * CeilDiv(run.n, kHopperSmallN);
       if (o.input == DType::kFloat32) {
+        const DeviceGemmProblem run = HopperAsRun(problems[i], o);
+        hopper_tiles += CeilDiv(run.m, kHopperTileM) * CeilDivPow2(run.n, kHopperSmallN);
         transposes += Tf32TransposeBytes(problems[i], o.hopper_tf32_register_a);
+      } else {  // As given (HopperAsRun), without a copy of each problem.
+        hopper_tiles +=
+            CeilDiv(problems[i].m, kHopperTileM) * CeilDivPow2(problems[i].n, kHopperSmallN);
       }
     } else if (paths[i] == Path::kSimt) {
       ++simt;
