@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,8 +24,29 @@ namespace {
 
 constexpr size_t kAlign = 256;
 // Batches whose zeroed tensor-map slots are at most this many bytes send
-// them with the problem table instead of zeroing them on the device.
+// them with the problem table instead of zeroing them on the device
+// (ZeroMapSlots).
 constexpr size_t kMapsInCopyBytes = 16 << 10;
+
+// Whether a table batch's tensor-map slots are zeroed before the kernel
+// writes them. The kernel never reads a slot before it is written (readers
+// wait for the problem's flag), so zeroing serves only compute-sanitizer's
+// initcheck, which models the kernel's tensormap publish as a read of the
+// destination and would report it as a read of uninitialised memory.
+// Zeroed where a tool is injected into CUDA (compute-sanitizer and the
+// Nsight tools set CUDA_INJECTION64_PATH) or MATMUL_ZERO_MAP_SLOTS=1 asks
+// for it; otherwise left out: for 1024 problems it was a 384 KiB memset,
+// one more operation ahead of the kernel on the stream and a few µs of
+// the launcher's host time.
+bool ZeroMapSlots() {
+  static const bool zero = [] {
+    const char* injected = std::getenv("CUDA_INJECTION64_PATH");
+    const char* asked = std::getenv("MATMUL_ZERO_MAP_SLOTS");
+    return (injected != nullptr && injected[0] != '\0') ||
+           (asked != nullptr && std::string_view(asked) == "1");
+  }();
+  return zero;
+}
 
 size_t AlignUp(size_t v, size_t a = kAlign) { return (v + a - 1) / a * a; }
 
@@ -1010,15 +1033,14 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
     } else {
       // Table, offsets, zeroed flags and tile owners, built in pinned
       // staging and sent in one copy. The tensor-map slots after them are
-      // overwritten by the kernel; they are zeroed first only so that
-      // compute-sanitizer's initcheck, which models the kernel's tensormap
-      // publish as a read of the destination, does not report a read of
-      // uninitialised memory. For small batches the zeroed slots ride along
-      // in the same copy (a few KiB over PCIe cost less than another
-      // operation on the stream); for large ones (384 bytes a problem) they
-      // are zeroed on the device.
+      // written by the kernel, and zeroed first only under tools
+      // (ZeroMapSlots): for small batches the zeroed slots ride along in the
+      // same copy (a few KiB over PCIe cost less than another operation on
+      // the stream); for large ones (384 bytes a problem) they are zeroed on
+      // the device.
+      const bool zero_maps = ZeroMapSlots();
       const size_t maps_bytes = hopper.size() * 3 * sizeof(CUtensorMap);
-      const bool maps_in_copy = maps_bytes <= kMapsInCopyBytes;
+      const bool maps_in_copy = zero_maps && maps_bytes <= kMapsInCopyBytes;
       const size_t table_bytes =
           layout.hopper_maps - layout.hopper_table + (maps_in_copy ? maps_bytes : 0);
       absl::StatusOr<Impl::Staged> staged = impl_->Stage(stream, table_bytes);
@@ -1045,7 +1067,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
       if (auto s = check(Impl::Send(*staged, ws + layout.hopper_table, stream)); !s.ok()) {
         return s;
       }
-      if (!maps_in_copy) {
+      if (zero_maps && !maps_in_copy) {
         if (auto s = check(cudaMemsetAsync(ws + layout.hopper_maps, 0, maps_bytes, stream));
             !s.ok()) {
           return s;
