@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/hopper_plan.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/tf32_layout.h"
 
@@ -53,13 +54,6 @@ size_t AlignUp(size_t v, size_t a = kAlign) { return (v + a - 1) / a * a; }
 double Flops(const DeviceGemmProblem& p) {
   return 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
 }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// CeilDiv by a power of two `b`, as a shift: the launcher divides by tile
-// widths, k-block depths and cluster sizes for every problem of a batch,
-// several times over, and a 64-bit division costs tens of cycles.
-int64_t CeilDivPow2(int64_t a, int64_t b) { return (a + b - 1) >> __builtin_ctzll(b); }
 
 // Writes the prefix sums of `units(p)` over `problems` to `offsets`
 // (problems.size() + 1 entries) and returns the total: the tile list of a
@@ -141,17 +135,6 @@ CUresult Encode2d(Encoder encode, CUtensorMap* map, CUtensorMapDataType type, co
   return encode(map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-}
-
-// True when A and B of `p` and every one of their rows start on a multiple
-// of `bytes` (elements of `input`).
-bool RowsAlignedTo(const DeviceGemmProblem& p, DType input, int64_t bytes) {
-  const int64_t size = static_cast<int64_t>(ElementSize(input));
-  auto aligned = [bytes](const void* ptr) {
-    return reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(bytes) == 0;
-  };
-  return (p.lda * size) % bytes == 0 && (p.ldb * size) % bytes == 0 && aligned(p.a) &&
-         aligned(p.b);
 }
 
 }  // namespace
@@ -440,285 +423,6 @@ std::vector<Path> Plan(absl::Span<const DeviceGemmProblem> problems,
   return paths;
 }
 
-// Relative rate per FLOP of the narrower tiles (less reuse of each loaded
-// byte, shorter wgmma instructions). Fitted to single bf16 problems on the
-// H200 (docs/BENCHMARKS.md, split-K round): a wave of 128x128 tiles took
-// 0.79x the time of a wave of 128x256 tiles on 2056^3, and 128x64 tiles
-// ran 1024^3 at 0.675 of the wide tile's time per k-block; the earlier
-// 0.85 and 0.65 chose 128x128 for 2056^3, 18% slower than 128x256.
-double TileRate(int tile_n) {
-  return tile_n == kHopperWideN ? 1.0 : (tile_n == kHopperNarrowN ? 0.65 : 0.37);
-}
-
-// Fixed cost of a tile (pipeline fill, epilogue, tile lookup), in the units
-// of EstimateHopperTime.
-constexpr double kPerTile = 2.0;
-// Cost of one 128 x 256 float32 partial tile (128 KiB) of a split tile, in
-// the same units: a unit writes one, the last unit reads every unit's.
-// Measured on the H200 (docs/BENCHMARKS.md, split-K round) at 5-7 (4 on
-// long K), whichever way the last unit sums them, so a split pays only
-// where K is long. At 6, TF32 1024^3 took 128x128 tiles split 2 ways
-// (estimate 23.3 against 23.6 for unsplit 128x64 tiles), which ran 9%
-// slower than the 128x64 tiles on an H100 (2026-12-06, interleaved
-// timing); 7 keeps every other measured row's choice.
-constexpr double kPerPartial = 7.0;
-
-int64_t KBlocks(const DeviceGemmProblem& p, DType input) {
-  return CeilDivPow2(p.k, 128 / static_cast<int64_t>(ElementSize(input)));
-}
-
-// Tiles of width `tile_n` (single CTAs) that cover `p`.
-int64_t HopperTiles(const DeviceGemmProblem& p, int tile_n) {
-  return CeilDiv(p.m, kHopperTileM) * CeilDivPow2(p.n, tile_n);
-}
-
-// Time of one k-block of a tile of width `tile_n`, in the units of
-// EstimateHopperTime.
-double KBlockCost(int tile_n) { return tile_n / 256.0 / TileRate(tile_n); }
-
-// The split-K tail of a single problem (HopperSplit).
-struct SplitPlan {
-  int splits = 1;          // Units per split tile; 1: no split.
-  int64_t first_tile = 0;  // The first split tile.
-  int64_t tiles = 0;       // Split tiles (the problem's last ones).
-};
-
-// Problem `p` alone on `num_sms` SMs with tiles of width `tile_n`: its
-// estimated time (in the units of EstimateHopperTime) and the split of its
-// last, partial wave that gives it. `splits`: 0 lets the estimate choose,
-// 1 splits nothing, 2 or more asks for that many units per tile (fewer
-// where the problem has fewer k-blocks), splitting the last full wave when
-// there is no partial one.
-std::pair<double, SplitPlan> PlanSingle(const DeviceGemmProblem& p, DType input, int tile_n,
-                                        int num_sms, int splits) {
-  const double per_kblock = KBlockCost(tile_n);
-  const int64_t tiles = HopperTiles(p, tile_n);
-  const int64_t kblocks = KBlocks(p, input);
-  const double tile_cost = static_cast<double>(kblocks) * per_kblock + kPerTile;
-  const int64_t waves = tiles / num_sms, tail = tiles % num_sms;
-  // A unit of a tile split `s` ways.
-  auto unit_cost = [&](int64_t s) {
-    return static_cast<double>(CeilDiv(kblocks, s)) * per_kblock + kPerTile +
-           kPerPartial * static_cast<double>(1 + s) * tile_n / 256.0;
-  };
-  SplitPlan plan;
-  double best = static_cast<double>(waves + (tail > 0 ? 1 : 0)) * tile_cost;
-  if (splits >= 2) {
-    plan.splits = static_cast<int>(std::min<int64_t>({splits, kblocks, kHopperMaxSplits}));
-    plan.tiles = std::min<int64_t>(tail > 0 ? tail : std::min<int64_t>(tiles, num_sms),
-                                   kHopperMaxSplitTiles);
-    if (plan.splits < 2 || plan.tiles == 0) return {best, SplitPlan()};
-    plan.first_tile = tiles - plan.tiles;
-    const double rest = static_cast<double>(CeilDiv(plan.first_tile, num_sms)) * tile_cost;
-    return {rest + static_cast<double>(CeilDiv(plan.tiles * plan.splits, num_sms)) *
-                       unit_cost(plan.splits),
-            plan};
-  }
-  if (splits == 1 || tail == 0) return {best, plan};
-  // The tail's units fit one wave: `s` up to num_sms / tail.
-  const int64_t most = std::min<int64_t>({num_sms / tail, kblocks, kHopperMaxSplits});
-  for (int64_t s = 2; s <= most; ++s) {
-    const double t = static_cast<double>(waves) * tile_cost + unit_cost(s);
-    if (t < best) {
-      best = t;
-      plan.splits = static_cast<int>(s);
-      plan.tiles = tail;
-      plan.first_tile = tiles - tail;
-    }
-  }
-  return {best, plan};
-}
-
-// What EstimateHopperTime needs of a batch of several problems for one
-// tile width: its tiles, their summed cost and the costliest one.
-struct BatchTally {
-  int64_t tiles = 0;
-  double work = 0;
-  double longest = 0;
-  // `work` as pairs of CTAs (2-CTA clusters) would do it: whole pairs of
-  // tile-rows, a pair whose second tile lies below its problem costing two.
-  double pair_work = 0;
-};
-
-// Tallies `problems` for every width of `widths` in one pass. Each width
-// walking a large batch on its own cost the launcher's plan a few µs per
-// width for 1024 problems (docs/BENCHMARKS.md, eleventh round: the plan is
-// the largest host phase of that batch). A tile of `kb` k-blocks costs
-// kb * KBlockCost + kPerTile, so the pass sums tiles and tiles times
-// k-blocks in local accumulators and prices them once at the end: summing
-// each tile's cost into the tallies themselves chained every problem's
-// additions through memory (a third of the plan of 1024 problems on the
-// development machine).
-template <size_t kWidths>
-std::array<BatchTally, kWidths> TallyBatch(absl::Span<const DeviceGemmProblem> problems,
-                                           DType input, const std::array<int, kWidths>& widths) {
-  std::array<int, kWidths> shift;
-  for (size_t w = 0; w < kWidths; ++w) shift[w] = __builtin_ctz(static_cast<unsigned>(widths[w]));
-  // Per width: tiles and pair tiles (integers), and each times its
-  // k-blocks (doubles: a problem of 2^31 rows, columns and k-blocks
-  // would overflow 64 bits).
-  std::array<int64_t, kWidths> tiles{}, pair_tiles{};
-  std::array<double, kWidths> tile_kblocks{}, pair_kblocks{};
-  int64_t most_kblocks = -1;
-  const int64_t bk = 128 / static_cast<int64_t>(ElementSize(input));  // KBlocks, divided once.
-  const int bk_shift = __builtin_ctzll(static_cast<uint64_t>(bk));
-  for (const DeviceGemmProblem& p : problems) {
-    const int64_t kblocks = (p.k + bk - 1) >> bk_shift;  // KBlocks(p, input)
-    const int64_t rows = CeilDiv(p.m, kHopperTileM);
-    const int64_t pair_rows = (rows + 1) / 2 * 2;  // A pair's second tile below its problem counts.
-    const double kb = static_cast<double>(kblocks);
-    most_kblocks = std::max(most_kblocks, kblocks);
-    // Unrolled, so that the accumulators stay in registers.
-#pragma GCC unroll 4
-    for (size_t w = 0; w < kWidths; ++w) {
-      const int64_t columns = (p.n + widths[w] - 1) >> shift[w];
-      const int64_t n = rows * columns;  // HopperTiles(p, widths[w])
-      tiles[w] += n;
-      tile_kblocks[w] += static_cast<double>(n) * kb;
-      pair_tiles[w] += pair_rows * columns;
-      pair_kblocks[w] += static_cast<double>(pair_rows * columns) * kb;
-    }
-  }
-  std::array<BatchTally, kWidths> tally{};
-  for (size_t w = 0; w < kWidths; ++w) {
-    const double per_kblock = KBlockCost(widths[w]);
-    tally[w].tiles = tiles[w];
-    tally[w].work = tile_kblocks[w] * per_kblock + static_cast<double>(tiles[w]) * kPerTile;
-    tally[w].pair_work =
-        pair_kblocks[w] * per_kblock + static_cast<double>(pair_tiles[w]) * kPerTile;
-    tally[w].longest =
-        most_kblocks < 0 ? 0.0 : static_cast<double>(most_kblocks) * per_kblock + kPerTile;
-  }
-  return tally;
-}
-
-// Estimated time of the Hopper problems on `num_sms` SMs with tiles of width
-// `tile_n`, in units of one 128x256x64 k-block at the wide tile's rate. Each
-// tile costs its k-blocks at the width's relative rate plus a fixed
-// per-tile cost (pipeline fill, epilogue, tile lookup); the persistent grid
-// hands tiles out in order to whichever SM is free, so the estimate is that
-// list schedule: exact for one problem (whole waves, or with its last wave
-// split when `split_tail` allows: PlanSingle), simulated for small batches,
-// and work / SMs plus the longest tile for large ones. `tally`: the batch's
-// TallyBatch for `tile_n` (several problems only).
-double EstimateHopperTime(absl::Span<const DeviceGemmProblem> problems, DType input, int tile_n,
-                          int num_sms, bool split_tail, const BatchTally& tally) {
-  if (problems.size() == 1) {
-    return PlanSingle(problems[0], input, tile_n, num_sms, split_tail ? 0 : 1).first;
-  }
-  if (tally.tiles > 4 * static_cast<int64_t>(num_sms)) {
-    return tally.work / num_sms + tally.longest;
-  }
-  const double per_kblock = KBlockCost(tile_n);
-  std::vector<double> free_at(num_sms, 0.0);  // A min-heap of SM finish times.
-  for (const DeviceGemmProblem& p : problems) {
-    const int64_t n = HopperTiles(p, tile_n);
-    const double cost = static_cast<double>(KBlocks(p, input)) * per_kblock + kPerTile;
-    for (int64_t i = 0; i < n; ++i) {
-      std::pop_heap(free_at.begin(), free_at.end(), std::greater<>());
-      free_at.back() += cost;
-      std::push_heap(free_at.begin(), free_at.end(), std::greater<>());
-    }
-  }
-  return *std::max_element(free_at.begin(), free_at.end());
-}
-
-// The least share of a batch's pair work (BatchTally) that is real work for
-// the launcher to run it in pairs of CTAs. Measured on an H100
-// (docs/BENCHMARKS.md, twenty-second round), pairs against single CTAs,
-// bf16 batches: 64 x [1024,4096] (share about 0.98) 34% faster,
-// 256 x [64,1024] (about 0.91) 12% faster, 1024 x [64,256] (about 0.83)
-// 9% slower.
-constexpr double kPairsMinShare = 0.875;
-
-// Whether the launcher runs the wide tiles of `hopper` (a batch with its
-// TallyBatch for wide tiles, `wide`) in pairs of CTAs when the options
-// leave it the choice: 16-bit problems on the persistent grid whose pairs
-// are nearly all whole. A single problem must also have rows of A or B
-// that start off 32-byte sectors, at least two waves of single tiles on
-// `num_sms` SMs, and no split-K tail asked for (hopper_split_k of 2 or
-// more). Measured on an H100 (docs/BENCHMARKS.md, twenty-second round):
-// with rows off sectors, the third less that pairs read from L2 pays for
-// the quarter more that split sectors cost (3000^3 and 4104^3 31-37%
-// faster than single CTAs with their split-K tail; 2056^3, 1.2 waves,
-// level). With rows on sectors pairs ran level with single CTAs or a few
-// percent slower, and without the split-K tail a problem of about a wave
-// (1032 x 4096 x 4096) 20% slower. TF32 was not measured in pairs.
-bool PairsPay(absl::Span<const DeviceGemmProblem> hopper, const GroupedGemmOptions& o,
-              const BatchTally& wide, int num_sms) {
-  if (hopper.empty() || o.family != KernelFamily::kPersistent ||
-      (o.input != DType::kBFloat16 && o.input != DType::kFloat16)) {
-    return false;
-  }
-  if (hopper.size() == 1 && (o.hopper_split_k >= 2 || wide.tiles < 2 * int64_t{num_sms} ||
-                             // Rows on 32-byte sectors (each 128-byte row of a TMA
-                             // box spans four sectors, not five).
-                             RowsAlignedTo(hopper[0], o.input, 32))) {
-    return false;
-  }
-  return wide.work >= kPairsMinShare * wide.pair_work;
-}
-
-// How the Hopper problems of a batch run: tile width, cluster size and,
-// for a batch of one problem, the split-K tail.
-struct HopperShape {
-  int tile_n = kHopperWideN;
-  int cluster = 1;
-  SplitPlan split;
-};
-
-// The shape for `hopper` (the batch's Hopper problems; options already
-// validated): the asked width or the one with the shortest estimate (ties:
-// the wider), pairs where asked for or where they pay (PairsPay), and a split tail
-// only for a lone problem on the persistent grid of single CTAs that goes
-// in the launch parameters (the launcher drops it where the problem's maps
-// then cannot be encoded on the host).
-HopperShape ChooseHopperShape(absl::Span<const DeviceGemmProblem> hopper,
-                              const GroupedGemmOptions& o, int num_sms, int max_clusters) {
-  HopperShape shape;
-  if (o.hopper_pingpong) {  // 128-wide tiles, single CTAs, no split (ValidHopperOptions).
-    shape.tile_n = kHopperNarrowN;
-    return shape;
-  }
-  const bool may_split = hopper.size() == 1 && o.family == KernelFamily::kPersistent &&
-                         o.hopper_split_k != 1 && o.hopper_inline_problems != 0 &&
-                         o.hopper_cluster != 2;
-  shape.tile_n = o.hopper_tile_n;
-  std::optional<BatchTally> wide;  // TallyBatch for wide tiles, once needed.
-  if (shape.tile_n == 0) {
-    constexpr std::array<int, 3> kWidths = {kHopperWideN, kHopperNarrowN, kHopperSmallN};
-    const std::array<BatchTally, 3> tally =
-        hopper.size() > 1 ? TallyBatch(hopper, o.input, kWidths) : std::array<BatchTally, 3>{};
-    if (hopper.size() > 1) wide = tally[0];
-    shape.tile_n = kWidths[0];
-    double best = EstimateHopperTime(hopper, o.input, kWidths[0], num_sms, may_split, tally[0]);
-    for (size_t w = 1; w < kWidths.size(); ++w) {
-      const double t =
-          EstimateHopperTime(hopper, o.input, kWidths[w], num_sms, may_split, tally[w]);
-      if (t < best) {  // Ties keep the wider.
-        best = t;
-        shape.tile_n = kWidths[w];
-      }
-    }
-  }
-  // Pairs where asked for, or where the launcher has the choice and they
-  // pay (PairsPay); only wide tiles run in pairs.
-  if (shape.tile_n == kHopperWideN && max_clusters > 0) {
-    if (o.hopper_cluster == 0 && !wide) {
-      wide = TallyBatch(hopper, o.input, std::array<int, 1>{kHopperWideN})[0];
-    }
-    shape.cluster =
-        o.hopper_cluster == 2 || (o.hopper_cluster == 0 && wide && PairsPay(hopper, o, *wide, num_sms))
-            ? 2
-            : 1;
-  }
-  if (may_split && shape.cluster == 1) {
-    shape.split =
-        PlanSingle(hopper[0], o.input, shape.tile_n, num_sms, o.hopper_split_k).second;
-  }
-  return shape;
-}
-
 // Bytes of the partial tiles of `split` with tiles of width `tile_n`.
 size_t PartialBytes(const SplitPlan& split, int tile_n) {
   if (split.splits < 2) return 0;
@@ -882,7 +586,6 @@ size_t GroupedGemmLauncher::WorkspaceBytes(absl::Span<const DeviceGemmProblem> p
                 SplitPartialBytes(problems, paths, options, num_sms_, max_clusters_))
       .total;
 }
-
 
 absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> problems,
                                       const GroupedGemmOptions& options, void* workspace,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU run behind the launcher's choice of pairs of CTAs (2-CTA clusters
-# sharing B by TMA multicast; grouped_gemm.cc, PairsPay; docs/BENCHMARKS.md,
+# sharing B by TMA multicast; hopper_plan.h, PairsPay; docs/BENCHMARKS.md,
 # twenty-second round): the kernel tests in full with that choice, and
 # pairs against single CTAs where the choice is still open. About five
 # minutes; run it again after changes to the pairs' pipeline or the choice:
