@@ -34,9 +34,10 @@ constexpr size_t kMapsInCopyBytes = 16 << 10;
 // wait for the problem's flag), so zeroing serves only compute-sanitizer's
 // initcheck, which models the kernel's tensormap publish as a read of the
 // destination and would report it as a read of uninitialised memory.
-// Zeroed where a tool is injected into CUDA (compute-sanitizer and the
-// Nsight tools set CUDA_INJECTION64_PATH) or MATMUL_ZERO_MAP_SLOTS=1 asks
-// for it; otherwise left out: for 1024 problems it was a 384 KiB memset,
+// Zeroed where MATMUL_ZERO_MAP_SLOTS=1 asks for it (sanitize_kernels.sh
+// sets it) or a tool is loaded into CUDA through CUDA_INJECTION64_PATH (the
+// driver's injection hook; whether compute-sanitizer sets it has not been
+// checked on a GPU host); otherwise left out: for 1024 problems it was a 384 KiB memset,
 // one more operation ahead of the kernel on the stream and a few µs of
 // the launcher's host time.
 bool ZeroMapSlots() {
