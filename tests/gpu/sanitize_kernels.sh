@@ -19,8 +19,8 @@ sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 # The launcher zeroes the tensor-map slots of table batches only under tools
 # (grouped_gemm.cc, ZeroMapSlots: initcheck takes the kernel's tensormap
 # publish for a read of its destination): this asks for it outright
-# (it also zeroes them where CUDA_INJECTION64_PATH is set, which whether
-# compute-sanitizer sets has not been checked).
+# (it also zeroes them where CUDA_INJECTION64_PATH is set; whether
+# compute-sanitizer sets that has not been checked).
 export MATMUL_ZERO_MAP_SLOTS=1
 kernel_filter='GroupedGemmTest.OddShapesTransposesAndScalars:GroupedGemmTest.OutputTypes:GroupedGemmTest.UnalignedRowsTakeTheSimtPath:GroupedGemmTest.AllFamiliesAgree:GroupedGemmTest.GroupedBatchesOfManySizes:GroupedGemmTest.EdgeTilesAtEveryNarrowerWidth:GroupedGemmTest.SimtWideTiles:GroupedGemmTest.PingPongTurnsOnASmallBatch:GroupedGemmTest.Tf32EveryStoredLayoutBothWays:GroupedGemmTest.Tf32CopiesOfABatchTakeFewLaunches:GroupedGemmTest.Tf32RegisterPathLargeAndOdd'
 engine_filter='CudaEngineTest.DescribesTheDevice:CudaEngineTest.MixedBatchOfEveryDTypeOddShapesAndTransposes:CudaEngineTest.BatchLargerThanHalfThePoolIsSplitAndStillCorrect'
