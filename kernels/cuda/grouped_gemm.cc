@@ -37,9 +37,9 @@ constexpr size_t kMapsInCopyBytes = 16 << 10;
 // Zeroed where MATMUL_ZERO_MAP_SLOTS=1 asks for it (sanitize_kernels.sh
 // sets it) or a tool is loaded into CUDA through CUDA_INJECTION64_PATH (the
 // driver's injection hook; whether compute-sanitizer sets it has not been
-// checked on a GPU host); otherwise left out: for 1024 problems it was a 384 KiB memset,
-// one more operation ahead of the kernel on the stream and a few µs of
-// the launcher's host time.
+// checked on a GPU host); otherwise left out: for 1024 problems it was a
+// 384 KiB memset, one more operation ahead of the kernel on the stream and
+// a few µs of the launcher's host time.
 bool ZeroMapSlots() {
   static const bool zero = [] {
     const char* injected = std::getenv("CUDA_INJECTION64_PATH");
@@ -437,12 +437,10 @@ WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::
     if (paths[i] == Path::kHopper) {
       ++hopper;
       if (o.input == DType::kFloat32) {
-        const DeviceGemmProblem run = HopperAsRun(problems[i], o);
-        hopper_tiles += CeilDiv(run.m, kHopperTileM) * CeilDivPow2(run.n, kHopperSmallN);
+        hopper_tiles += HopperTiles(HopperAsRun(problems[i], o), kHopperSmallN);
         transposes += Tf32TransposeBytes(problems[i], o.hopper_tf32_register_a);
       } else {  // As given (HopperAsRun), without a copy of each problem.
-        hopper_tiles +=
-            CeilDiv(problems[i].m, kHopperTileM) * CeilDivPow2(problems[i].n, kHopperSmallN);
+        hopper_tiles += HopperTiles(problems[i], kHopperSmallN);
       }
     } else if (paths[i] == Path::kSimt) {
       ++simt;

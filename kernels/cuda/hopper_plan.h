@@ -60,9 +60,12 @@ constexpr double kPerTile = 2.0;
 // timing); 7 keeps every other measured row's choice.
 constexpr double kPerPartial = 7.0;
 
-// k-blocks of `p` (128 bytes of K each).
+// Elements of `input` in one k-block (128 bytes of K).
+inline int64_t KBlockDepth(DType input) { return 128 / static_cast<int64_t>(ElementSize(input)); }
+
+// k-blocks of `p`.
 inline int64_t KBlocks(const DeviceGemmProblem& p, DType input) {
-  return CeilDivPow2(p.k, 128 / static_cast<int64_t>(ElementSize(input)));
+  return CeilDivPow2(p.k, KBlockDepth(input));
 }
 
 // Tiles of width `tile_n` (single CTAs) that cover `p`.
@@ -112,19 +115,17 @@ struct BatchTally {
 // development machine).
 template <size_t kWidths>
 inline std::array<BatchTally, kWidths> TallyBatch(absl::Span<const DeviceGemmProblem> problems,
-                                           DType input, const std::array<int, kWidths>& widths) {
-  std::array<int, kWidths> shift;
-  for (size_t w = 0; w < kWidths; ++w) shift[w] = __builtin_ctz(static_cast<unsigned>(widths[w]));
+                                                  DType input,
+                                                  const std::array<int, kWidths>& widths) {
   // Per width: tiles and pair tiles (integers), and each times its
   // k-blocks (doubles: a problem of 2^31 rows, columns and k-blocks
   // would overflow 64 bits).
   std::array<int64_t, kWidths> tiles{}, pair_tiles{};
   std::array<double, kWidths> tile_kblocks{}, pair_kblocks{};
   int64_t most_kblocks = -1;
-  const int64_t bk = 128 / static_cast<int64_t>(ElementSize(input));  // KBlocks, divided once.
-  const int bk_shift = __builtin_ctzll(static_cast<uint64_t>(bk));
+  const int64_t depth = KBlockDepth(input);  // Divided once, not per problem.
   for (const DeviceGemmProblem& p : problems) {
-    const int64_t kblocks = (p.k + bk - 1) >> bk_shift;  // KBlocks(p, input)
+    const int64_t kblocks = CeilDivPow2(p.k, depth);  // KBlocks(p, input)
     const int64_t rows = CeilDiv(p.m, kHopperTileM);
     const int64_t pair_rows = (rows + 1) / 2 * 2;  // A pair's second tile below its problem counts.
     const double kb = static_cast<double>(kblocks);
@@ -132,7 +133,7 @@ inline std::array<BatchTally, kWidths> TallyBatch(absl::Span<const DeviceGemmPro
     // Unrolled, so that the accumulators stay in registers.
 #pragma GCC unroll 4
     for (size_t w = 0; w < kWidths; ++w) {
-      const int64_t columns = (p.n + widths[w] - 1) >> shift[w];
+      const int64_t columns = CeilDivPow2(p.n, widths[w]);
       const int64_t n = rows * columns;  // HopperTiles(p, widths[w])
       tiles[w] += n;
       tile_kblocks[w] += static_cast<double>(n) * kb;

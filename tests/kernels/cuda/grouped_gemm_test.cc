@@ -507,7 +507,7 @@ TEST_F(GroupedGemmTest, ClusterPairsLargeAndOdd) {
   tile_n_ = 0;
 }
 
-// The launcher's own choice of pairs (hopper_cluster 0, grouped_gemm.cc's
+// The launcher's own choice of pairs (hopper_cluster 0, hopper_plan.h's
 // PairsPay) for wide tiles: batches of several 16-bit problems whose pairs of
 // tile-rows are all whole run in pairs, and so does a single problem whose
 // rows start off 32-byte sectors; a batch of one-tile-row problems (half of
