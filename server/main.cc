@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -39,7 +40,7 @@ ABSL_FLAG(std::string, devices, "",
           "CUDA device ordinals to serve from, comma-separated (default: all). Repeating an "
           "ordinal (0,0) runs several workers on one GPU.");
 ABSL_FLAG(double, gpu_memory_fraction, 0.8,
-          "Share of each GPU's free memory taken for the engine's pool at start-up.");
+          "Share of each GPU's free memory taken for the engine's pool at start-up, in (0, 0.95].");
 ABSL_FLAG(int64_t, pinned_host_bytes, -1,
           "Most bytes of pinned (page-locked) host memory, shared by all GPUs, that large "
           "operands (256 KiB and up) are parsed into and results written to, so that they reach "
@@ -226,6 +227,44 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
     if (v < 0) return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 0"));
     return absl::OkStatus();
   };
+  // Flags whose out-of-range values used to be taken as "auto" or clamped
+  // without a word; those for the GPU are checked on every backend, so that a
+  // configuration tried on the CPU does not fail later on a GPU node.
+  if (absl::GetFlag(FLAGS_lane_spin_us) < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--lane_spin_us must be -1 (auto) or >= 0, got ", absl::GetFlag(FLAGS_lane_spin_us)));
+  }
+  if (const double f = absl::GetFlag(FLAGS_gpu_memory_fraction); !(f > 0 && f <= 0.95)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu_memory_fraction must be in (0, 0.95], got ", f));
+  }
+  if (const std::string kernels = absl::GetFlag(FLAGS_cuda_kernels);
+      kernels != "persistent" && kernels != "nonpersistent" && kernels != "cublas") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cuda_kernels must be persistent, nonpersistent or cublas, got \"", kernels, "\""));
+  }
+  if (const std::string wait = absl::GetFlag(FLAGS_cuda_host_wait);
+      wait != "auto" && wait != "spin" && wait != "yield" && wait != "block") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cuda_host_wait must be auto, spin, yield or block, got \"", wait, "\""));
+  }
+  if (const int32_t align = absl::GetFlag(FLAGS_cuda_resident_row_align);
+      align != 16 && align != 32 && align != 64 && align != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda_resident_row_align must be 16, 32, 64 or 128, got ", align));
+  }
+  if (const double flops = absl::GetFlag(FLAGS_max_batch_flops); !(flops >= 0 && std::isfinite(flops))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_batch_flops must be >= 0 (0: auto), got ", flops));
+  }
+  for (auto [name, seconds] :
+       {std::pair<absl::string_view, double>{"shutdown_grace_s",
+                                             absl::GetFlag(FLAGS_shutdown_grace_s)},
+        {"drain_delay_s", absl::GetFlag(FLAGS_drain_delay_s)}}) {
+    if (!(seconds >= 0 && std::isfinite(seconds))) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 0, got ", seconds));
+    }
+  }
   for (auto [name, value] :
        {std::pair<absl::string_view, int64_t>{"max_queue_delay_us",
                                               absl::GetFlag(FLAGS_max_queue_delay_us)},
@@ -236,6 +275,8 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
         {"max_request_bytes", absl::GetFlag(FLAGS_max_request_bytes)},
         {"max_response_bytes", absl::GetFlag(FLAGS_max_response_bytes)},
         {"max_dim", absl::GetFlag(FLAGS_max_dim)},
+        {"lanes_per_device", absl::GetFlag(FLAGS_lanes_per_device)},
+        {"max_inflight_per_client", absl::GetFlag(FLAGS_max_inflight_per_client)},
         {"max_batch_size", absl::GetFlag(FLAGS_max_batch_size)},
         {"max_batch_bytes", absl::GetFlag(FLAGS_max_batch_bytes)},
         {"queue_capacity", absl::GetFlag(FLAGS_queue_capacity)},
@@ -266,7 +307,7 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
   config.limits.max_dim = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_dim));
   config.default_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_default_timeout_ms));
   config.max_stream_inflight = absl::GetFlag(FLAGS_max_stream_inflight);
-  config.drain_delay = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_drain_delay_s)));
+  config.drain_delay = absl::Seconds(absl::GetFlag(FLAGS_drain_delay_s));
   config.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   config.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   config.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

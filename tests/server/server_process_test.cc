@@ -60,6 +60,27 @@ TEST(ServerProcessTest, BadFlagValueExitsWithAMessage) {
   EXPECT_THAT(out, HasSubstr("backend must be auto, cpu or cuda"));
 }
 
+// Values out of range exit with status 2 and a message naming the flag,
+// GPU flags included on the CPU backend, before anything is served.
+TEST(ServerProcessTest, OutOfRangeFlagValuesAreRefusedOnEveryBackend) {
+  for (const char* flag :
+       {"--lane_spin_us=-2", "--lanes_per_device=-1", "--max_batch_flops=-1",
+        "--max_inflight_per_client=-3", "--shutdown_grace_s=-1", "--drain_delay_s=-0.5",
+        "--gpu_memory_fraction=0", "--gpu_memory_fraction=1.5", "--cuda_resident_row_align=48",
+        "--cuda_kernels=fast", "--cuda_host_wait=sleep", "--pinned_host_bytes=-2",
+        "--max_queue_delay_us=-1"}) {
+    SCOPED_TRACE(flag);
+    std::string out;
+    // A server that took the value would serve until `timeout` stops it (124).
+    EXPECT_EQ(RunCommand(absl::StrCat("timeout 30 ", MATMUL_SERVER_BINARY,
+                                      " --backend=cpu --metrics_listen= --listen=127.0.0.1:0 ", flag),
+                         &out),
+              2);
+    const std::string name(absl::string_view(flag).substr(0, absl::string_view(flag).find('=')));
+    EXPECT_THAT(out, HasSubstr(name + " must be"));
+  }
+}
+
 TEST(ServerProcessTest, BusyPortIsAnError) {
   auto first = ServerProcess::Start({"--backend=cpu"});
   ASSERT_TRUE(first.ok()) << first.status();
