@@ -12,7 +12,8 @@
 // at Poisson arrival times at each rate. Each row reports requests/s, payload
 // GB/s (request plus response matrix bytes), effective TFLOP/s, and latency
 // percentiles, with the medians of the server's own Timing (queue, engine,
-// arrival to answer) and the mean batch size; rows go to a table and to
+// arrival to answer), the mean batch size, and each call's latency outside
+// the server's Timing ("wire p50", the echo's whole latency); rows go to a table and to
 // JSON (client/bench/plot_bench.py draws latency against throughput).
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -343,9 +344,14 @@ struct Result {
   double p50 = 0, p90 = 0, p99 = 0, p999 = 0;  // ms
   // Medians of the server's own Timing (matmul target only; 0 for the
   // echo): arrival to batch start, the batch's engine time, arrival to
-  // response ready; and the mean batch size. The client's p50 less
-  // server_p50_us is the transport's share.
+  // response ready; and the mean batch size.
   double queue_p50_us = 0, compute_p50_us = 0, server_p50_us = 0, mean_batch = 0;
+  // Percentiles of each call's time outside the server's Timing (its
+  // latency less Timing.total_us; the whole latency for the echo, whose
+  // handler is a copy): the client, both gRPC stacks and the connection.
+  // Set beside the echo's p50, it tells the transport's overhead apart from
+  // the server's queue and engine time, which the echo does not have.
+  double transport_p50 = 0, transport_p99 = 0;  // ms
   std::string first_error;
 };
 
@@ -374,7 +380,9 @@ class Recorder {
       if (first_error_.empty()) first_error_ = absl::StrCat(s.error_code(), ": ", s.error_message());
       return;
     }
-    latencies_.push_back(absl::ToDoubleMilliseconds(done - sent));
+    const double latency_ms = absl::ToDoubleMilliseconds(done - sent);
+    latencies_.push_back(latency_ms);
+    transport_ms_.push_back(timing == nullptr ? latency_ms : latency_ms - timing->total_us() / 1e3);
     flops_ += flops;
     bytes_ += bytes;
     if (timing != nullptr) {
@@ -387,10 +395,7 @@ class Recorder {
   void Fill(Result* r) {
     absl::MutexLock lock(&mu_);
     std::sort(latencies_.begin(), latencies_.end());
-    auto pct = [&](double q) {
-      if (latencies_.empty()) return 0.0;
-      return latencies_[std::min(latencies_.size() - 1, static_cast<size_t>(q * latencies_.size()))];
-    };
+    auto pct = [&](double q) { return Percentile(latencies_, q); };
     r->seconds = absl::ToDoubleSeconds(end_ - start_);
     r->requests = latencies_.size();
     r->errors = errors_;
@@ -406,9 +411,17 @@ class Recorder {
     r->compute_p50_us = Median(compute_us_);
     r->server_p50_us = Median(server_us_);
     r->mean_batch = server_us_.empty() ? 0 : batch_sum_ / server_us_.size();
+    std::sort(transport_ms_.begin(), transport_ms_.end());
+    r->transport_p50 = Percentile(transport_ms_, 0.5);
+    r->transport_p99 = Percentile(transport_ms_, 0.99);
   }
 
  private:
+  // The q-quantile of sorted `v`, as the latency percentiles take it.
+  static double Percentile(const std::vector<double>& v, double q) {
+    if (v.empty()) return 0.0;
+    return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
+  }
   static double Median(std::vector<double>& v) {
     if (v.empty()) return 0;
     std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
@@ -422,6 +435,8 @@ class Recorder {
   std::vector<double> queue_us_ ABSL_GUARDED_BY(mu_);
   std::vector<double> compute_us_ ABSL_GUARDED_BY(mu_);
   std::vector<double> server_us_ ABSL_GUARDED_BY(mu_);
+  // Each call's latency less the server's Timing.total_us, ms.
+  std::vector<double> transport_ms_ ABSL_GUARDED_BY(mu_);
   double batch_sum_ ABSL_GUARDED_BY(mu_) = 0;
   double flops_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
@@ -636,10 +651,10 @@ Result RunOpen(client::MatmulClient& c, const Workload& w, double rate) {
 void Print(const Result& r) {
   std::printf(
       "%-13s %-6s %-6s %-8s %-8s %6d %7.0f %9.1f %8.3f %9.3f %8.3f %8.3f %8.3f %8.3f %7.0f %7.0f "
-      "%7.0f %6.1f %s\n",
+      "%7.0f %6.1f %8.3f %s\n",
       r.label.c_str(), r.target.c_str(), r.mode.c_str(), r.shape.c_str(), r.dtype.c_str(),
       r.concurrency, r.rate, r.rps, r.gbps, r.tflops, r.p50, r.p90, r.p99, r.p999, r.queue_p50_us,
-      r.compute_p50_us, r.server_p50_us, r.mean_batch,
+      r.compute_p50_us, r.server_p50_us, r.mean_batch, r.transport_p50,
       r.errors ? absl::StrCat(r.errors, " errors: ", r.first_error).c_str() : "");
   std::fflush(stdout);
   const std::string path = absl::GetFlag(FLAGS_json);
@@ -649,10 +664,11 @@ void Print(const Result& r) {
       "\"%s\", \"concurrency\": %d, \"rate\": %.1f, \"requests\": %d, \"errors\": %d, \"rps\": "
       "%.2f, \"gbps\": %.4f, \"tflops\": %.4f, \"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": "
       "%.4f, \"p999_ms\": %.4f, \"server_queue_p50_us\": %.0f, \"server_compute_p50_us\": %.0f, "
-      "\"server_total_p50_us\": %.0f, \"mean_batch\": %.2f}\n",
+      "\"server_total_p50_us\": %.0f, \"mean_batch\": %.2f, \"transport_p50_ms\": %.4f, "
+      "\"transport_p99_ms\": %.4f}\n",
       r.label, r.target, r.mode, r.shape, r.dtype, r.concurrency, r.rate, r.requests, r.errors,
       r.rps, r.gbps, r.tflops, r.p50, r.p90, r.p99, r.p999, r.queue_p50_us, r.compute_p50_us,
-      r.server_p50_us, r.mean_batch);
+      r.server_p50_us, r.mean_batch, r.transport_p50, r.transport_p99);
 }
 
 std::vector<std::string> List(const std::string& flag) {
@@ -694,10 +710,10 @@ int Run(bool open) {
       info->batching().dispatch_when_idle() ? "true" : "false",
       info->batching().dispatch_below_running(), info->batching().lanes_per_device(),
       static_cast<unsigned long long>(info->batching().lane_spin_us()));
-  std::printf("%-13s %-6s %-6s %-8s %-8s %6s %7s %9s %8s %9s %8s %8s %8s %8s %7s %7s %7s %6s\n",
+  std::printf("%-13s %-6s %-6s %-8s %-8s %6s %7s %9s %8s %9s %8s %8s %8s %8s %7s %7s %7s %6s %8s\n",
               "label", "target", "mode", "shape", "dtype", "conc", "rate", "req/s", "GB/s",
               "TFLOP/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "srv q", "srv c", "srv us",
-              "batch");
+              "batch", "wire p50");
   // Stubs per channel for matmul and echo.
   auto mm_channels = Channels(options.target, channels, /*secure=*/true);
   std::vector<Calls<v1::MultiplyRequest, v1::MultiplyResponse>> mm_calls;

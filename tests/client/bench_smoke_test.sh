@@ -35,8 +35,15 @@ for r in rows:
     assert srv <= r["p50_ms"] * 1000 + 1, f"{what}: server {srv} us > client p50 {r['p50_ms']} ms"
     assert q + c <= srv * 2 + 2, f"{what}: queue {q} + engine {c} us against total {srv} us"
     assert r["mean_batch"] >= 1, f"{what}: mean batch {r['mean_batch']}"
+    # Each call's time outside the server: positive (the server's part lies
+    # inside the client's send-to-answer window, one host, one clock) and at
+    # most the call's latency.
+    t50, t99 = r["transport_p50_ms"], r["transport_p99_ms"]
+    assert 0 < t50 <= t99 <= r["p999_ms"], f"{what}: transport p50 {t50} p99 {t99} ms"
+    assert t50 <= r["p50_ms"], f"{what}: transport p50 {t50} > client p50 {r['p50_ms']} ms"
     print(f"{what}: client p50 {r['p50_ms'] * 1000:.0f} us, server {srv:.0f} us "
-          f"(queue {q:.0f}, engine {c:.0f}), mean batch {r['mean_batch']:.2f}")
+          f"(queue {q:.0f}, engine {c:.0f}), wire {t50 * 1000:.0f} us, "
+          f"mean batch {r['mean_batch']:.2f}")
 PY
 stop_server
 echo "bench smoke test passed"

@@ -72,15 +72,22 @@ for dtype, conc in sorted({(d, c) for (d, c, _) in rows}):
     print(f"{dtype:<6} {conc:>7} " + " ".join(cells))
 # Where a request's time goes (medians over rounds, us): the client's p50,
 # the server's arrival-to-answer, its queue and engine parts (matmul-bench's
-# Timing columns), and the mean batch size. Client less server is transport.
+# Timing columns), the mean batch size, and "wire": the p50 of each call's
+# latency less the server's own time (the echo's: its whole latency), so
+# that the transport's overhead reads apart from queue and engine time.
 print()
 print(f"{'dtype':<6} {'callers':>7} {'setting':<10} {'client':>7} {'server':>7} {'queue':>7} "
-      f"{'engine':>7} {'batch':>6}")
+      f"{'engine':>7} {'batch':>6} {'wire':>7} {'wire/echo':>9}")
 for (dtype, conc, label), rs in sorted(rows.items()):
-    if label == "echo" or "server_total_p50_us" not in rs[0]:
+    if "server_total_p50_us" not in rs[0]:
         continue
-    med = lambda key: statistics.median(x[key] for x in rs)
+    med = lambda key, rs=rs: statistics.median(x.get(key, 0) for x in rs)
+    echo = rows.get((dtype, conc, "echo"), [])
+    echo_p50 = statistics.median(x["p50_ms"] for x in echo) if echo else 0
+    wire = med("transport_p50_ms")
+    ratio = f"{wire / echo_p50:>9.2f}" if wire and echo_p50 else f"{'-':>9}"
     print(f"{dtype:<6} {conc:>7} {label:<10} {med('p50_ms') * 1000:>7.0f} "
           f"{med('server_total_p50_us'):>7.0f} {med('server_queue_p50_us'):>7.0f} "
-          f"{med('server_compute_p50_us'):>7.0f} {med('mean_batch'):>6.2f}")
+          f"{med('server_compute_p50_us'):>7.0f} {med('mean_batch'):>6.2f} "
+          f"{wire * 1000:>7.0f} {ratio}")
 PY
