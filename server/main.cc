@@ -398,8 +398,19 @@ void LogStartup(const matmul::server::MatmulServer& server) {
 int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
+  // --help lists the flags of this file (absl's default looks for a file
+  // named after the program, and none is). absl hands the filter each
+  // flag's file without its leading slashes.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    absl::string_view self = __FILE__;
+    self.remove_prefix(std::min(self.find_first_not_of('/'), self.size()));
+    return file == self;
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "matmul-server: serves matrix multiplies over gRPC (matmul.v1.MatmulService) with "
+      "serves matrix multiplies over gRPC (matmul.v1.MatmulService) with "
       "dynamic batching, on CUDA GPUs or the CPU.\nEvery flag may also be set from the "
       "environment as MATMUL_<FLAG> (e.g. MATMUL_BACKEND=cpu).");
   ApplyEnvironment();

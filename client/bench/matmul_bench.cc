@@ -38,6 +38,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -941,6 +942,17 @@ int Chain() {
 }  // namespace matmul::bench
 
 int main(int argc, char** argv) {
+  // --help lists the flags of this file (absl's default looks for a file
+  // named after the program, and none is). absl hands the filter each
+  // flag's file without its leading slashes.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    absl::string_view self = __FILE__;
+    self.remove_prefix(std::min(self.find_first_not_of('/'), self.size()));
+    return file == self;
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "matmul-bench <serve-echo|run|open|chain> [flags]: load generator for matmul-server "
       "(closed-loop sweep, open-loop Poisson) with a gRPC echo baseline.");

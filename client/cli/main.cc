@@ -3,6 +3,7 @@
 //   matmul-cli info --target=localhost:50051
 //   matmul-cli multiply --m=512 --n=512 --k=512 --dtype=bf16 --verify
 //   matmul-cli multiply --a=a.npy --b=b.npy --out=c.npy
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <random>
@@ -11,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/matmul_client.h"
@@ -138,6 +140,17 @@ int Multiply(const client::MatmulClient& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --help lists the flags of this file (absl's default looks for a file
+  // named after the program, and none is). absl hands the filter each
+  // flag's file without its leading slashes.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    absl::string_view self = __FILE__;
+    self.remove_prefix(std::min(self.find_first_not_of('/'), self.size()));
+    return file == self;
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "matmul-cli <info|multiply> [flags]: call a matmul-server.\n"
       "  info       print the server's GetServerInfo answer\n"

@@ -48,6 +48,16 @@ TEST(ServerProcessTest, HelpDocumentsEveryFlag) {
   EXPECT_THAT(out, HasSubstr("MATMUL_"));
 }
 
+// --help (not only --helpfull) lists the server's own flags.
+TEST(ServerProcessTest, HelpListsTheServersFlags) {
+  std::string out;
+  RunCommand(absl::StrCat(MATMUL_SERVER_BINARY, " --help"), &out);
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("No flags matched")));
+  for (const char* flag : {"--backend", "--listen", "--max_batch_size", "--lane_spin_us"}) {
+    EXPECT_THAT(out, HasSubstr(flag));
+  }
+}
+
 TEST(ServerProcessTest, BadFlagValueExitsWithAMessage) {
   std::string out;
   EXPECT_EQ(RunCommand(absl::StrCat(MATMUL_SERVER_BINARY, " --listen=127.0.0.1:0 --metrics_listen= "
