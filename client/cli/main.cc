@@ -13,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/matmul_client.h"
@@ -80,6 +81,11 @@ absl::StatusOr<v1::MultiplyRequest> BuildRequest() {
   spec.m = absl::GetFlag(FLAGS_m);
   spec.n = absl::GetFlag(FLAGS_n);
   spec.k = absl::GetFlag(FLAGS_k);
+  for (auto [name, value] : {std::pair{"m", spec.m}, {"n", spec.n}, {"k", spec.k}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " must be at least 1, got ", value));
+    }
+  }
   spec.alpha = absl::GetFlag(FLAGS_alpha);
   spec.beta = absl::GetFlag(FLAGS_beta);
   spec.priority = absl::GetFlag(FLAGS_priority);
