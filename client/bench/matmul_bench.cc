@@ -223,8 +223,12 @@ Workload MakeWorkload(const std::string& shape, DType dtype, std::mt19937_64& rn
     std::vector<std::string> parts = absl::StrSplit(shape, 'x');
     std::array<int64_t, 3> v{};
     if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &v[0]) ||
-        !absl::SimpleAtoi(parts[1], &v[1]) || !absl::SimpleAtoi(parts[2], &v[2])) {
-      std::fprintf(stderr, "matmul-bench: bad shape %s\n", shape.c_str());
+        !absl::SimpleAtoi(parts[1], &v[1]) || !absl::SimpleAtoi(parts[2], &v[2]) || v[0] < 1 ||
+        v[1] < 1 || v[2] < 1) {
+      std::fprintf(stderr,
+                   "matmul-bench: bad shape %s (small, medium, large, weightsN or MxNxK, each "
+                   "at least 1)\n",
+                   shape.c_str());
       std::exit(2);
     }
     dims.push_back(v);
@@ -795,16 +799,29 @@ int Run(bool open) {
       if (open) {
         for (const std::string& rate_text : List(absl::GetFlag(FLAGS_rates))) {
           double rate;
-          if (!absl::SimpleAtod(rate_text, &rate) || rate <= 0) return 2;
+          if (!absl::SimpleAtod(rate_text, &rate) || !(rate > 0)) {
+            std::fprintf(stderr, "matmul-bench: --rates takes rates above 0, got %s\n",
+                         rate_text.c_str());
+            return 2;
+          }
           finish(RunOpen(**c, w, rate), "matmul", "open");
         }
         continue;
       }
       for (const std::string& mode : List(absl::GetFlag(FLAGS_modes))) {
+        if (mode != "unary" && mode != "stream") {
+          std::fprintf(stderr, "matmul-bench: --modes takes unary and stream, got %s\n",
+                       mode.c_str());
+          return 2;
+        }
         const bool stream = mode == "stream";
         for (const std::string& conc_text : List(absl::GetFlag(FLAGS_concurrency))) {
           int conc;
-          if (!absl::SimpleAtoi(conc_text, &conc) || conc < 1) return 2;
+          if (!absl::SimpleAtoi(conc_text, &conc) || conc < 1) {
+            std::fprintf(stderr, "matmul-bench: --concurrency takes counts of at least 1, got %s\n",
+                         conc_text.c_str());
+            return 2;
+          }
           finish(RunClosed(mm_calls, w.requests, w, stream, conc), "matmul", mode);
           if (!echo_calls.empty()) {
             finish(RunClosed(echo_calls, w.echoes, w, stream, conc), "echo", mode);
@@ -825,13 +842,23 @@ int Chain() {
   absl::Status security = client::ApplySecurityFlags(
       absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
       absl::GetFlag(FLAGS_tls_server_name), absl::GetFlag(FLAGS_token_file), &g_security);
-  if (!security.ok()) return 2;
+  if (!security.ok()) {
+    std::fprintf(stderr, "matmul-bench: %s\n", std::string(security.message()).c_str());
+    return 2;
+  }
   client::ClientOptions options = g_security;
   options.target = absl::GetFlag(FLAGS_target);
   options.max_message_bytes = INT32_MAX;
   auto c = client::MatmulClient::Create(options);
-  if (!c.ok()) return 2;
+  if (!c.ok()) {
+    std::fprintf(stderr, "matmul-bench: %s\n", std::string(c.status().message()).c_str());
+    return 2;
+  }
   const int length = absl::GetFlag(FLAGS_chain_length);
+  if (length < 1) {
+    std::fprintf(stderr, "matmul-bench chain: --chain_length must be at least 1, got %d\n", length);
+    return 2;
+  }
   std::printf("%-8s %-8s %6s %-9s %9s %9s %9s %10s\n", "shape", "dtype", "length", "operands",
               "seconds", "TFLOP/s", "GB wire", "rel.err");
   for (const std::string& shape : List(absl::GetFlag(FLAGS_shapes))) {
@@ -842,7 +869,10 @@ int Chain() {
     }
     for (const std::string& dtype_name : List(absl::GetFlag(FLAGS_dtypes))) {
       const std::optional<DType> dtype = client::ParseDType(dtype_name);
-      if (!dtype.has_value()) return 2;
+      if (!dtype.has_value()) {
+        std::fprintf(stderr, "matmul-bench: bad dtype %s\n", dtype_name.c_str());
+        return 2;
+      }
       // Entries ~ U(-1,1)/sqrt(n) keep the chain's values of order one.
       std::vector<v1::Matrix> b;
       v1::Matrix a;

@@ -45,5 +45,17 @@ for r in rows:
           f"(queue {q:.0f}, engine {c:.0f}), wire {t50 * 1000:.0f} us, "
           f"mean batch {r['mean_batch']:.2f}")
 PY
+# Bad arguments end with status 2 and a message naming what was wrong.
+for arg in --shapes=-4x4x4 --shapes=0x5x5 --modes=bidi --concurrency=0 --dtypes=int8; do
+  set +e
+  msg=$("$bench_bin" run --target="127.0.0.1:$port" --duration_s=0.1 --warmup_s=0 "$arg" 2>&1)
+  rc=$?
+  set -e
+  value=${arg#*=}
+  if [[ $rc != 2 ]] || ! grep -q -- "$value" <<<"$(grep matmul-bench: <<<"$msg")"; then
+    echo "FAIL: matmul-bench run $arg: status $rc, output: $msg"
+    exit 1
+  fi
+done
 stop_server
 echo "bench smoke test passed"
