@@ -126,6 +126,8 @@ class MatmulClientTest(unittest.TestCase):
         self.assertIn("c: required", caught.exception.details)
         with self.assertRaises(ValueError):
             self.client.matmul(np.zeros((2, 2), dtype=np.int32), np.zeros((2, 2), dtype=np.int32))
+        with self.assertRaisesRegex(ValueError, "precision 'fast'"):
+            self.client.matmul(rand(self.rng, (2, 3)), rand(self.rng, (3, 2)), precision="fast")
         # Still serving.
         a, b = rand(self.rng, (2, 3)), rand(self.rng, (3, 2))
         self.assertLessEqual(rel_err(self.client.matmul(a, b), a.astype(np.float64) @ b), 1e-5)

@@ -86,6 +86,15 @@ def _from_matrix(matrix, raw_bfloat16=False):
     return array.copy()
 
 
+def _precision(name_or_enum):
+    if not isinstance(name_or_enum, str):
+        return name_or_enum
+    if name_or_enum not in _PRECISIONS:
+        raise ValueError(f"unsupported precision {name_or_enum!r}: expected "
+                         + " or ".join(repr(p) for p in _PRECISIONS))
+    return _PRECISIONS[name_or_enum]
+
+
 def _is_handle(x):
     return isinstance(x, matmul_pb2.MatrixHandle)
 
@@ -207,7 +216,7 @@ class MatmulClient:
         request = matmul_pb2.MultiplyRequest(
             a=_operand(a, wire), b=_operand(b, wire), transpose_a=transpose_a,
             transpose_b=transpose_b,
-            precision=_PRECISIONS[precision] if isinstance(precision, str) else precision,
+            precision=_precision(precision),
             output_dtype=out or matmul_pb2.DTYPE_UNSPECIFIED, priority=priority,
             request_id=request_id, alpha=alpha, beta=beta, store_result=store_result,
             result_ttl_seconds=result_ttl_seconds)
