@@ -7,15 +7,6 @@
 
 namespace matmul::cuda {
 
-bool RowsAlignedTo(const DeviceGemmProblem& p, DType input, int64_t bytes) {
-  const int64_t size = static_cast<int64_t>(ElementSize(input));
-  auto aligned = [bytes](const void* ptr) {
-    return reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(bytes) == 0;
-  };
-  return (p.lda * size) % bytes == 0 && (p.ldb * size) % bytes == 0 && aligned(p.a) &&
-         aligned(p.b);
-}
-
 std::pair<double, SplitPlan> PlanSingle(const DeviceGemmProblem& p, DType input, int tile_n,
                                         int num_sms, int splits) {
   const double per_kblock = KBlockCost(tile_n);

@@ -34,8 +34,19 @@ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t CeilDivPow2(int64_t a, int64_t b) { return (a + b - 1) >> __builtin_ctzll(b); }
 
 // True when A and B of `p` and every one of their rows start on a multiple
-// of `bytes` (elements of `input`).
-bool RowsAlignedTo(const DeviceGemmProblem& p, DType input, int64_t bytes);
+// of `bytes` (elements of `input`). Inline, with a mask where `bytes` is a
+// power of two (the launcher asks 16 and 32): the launcher asks it of every
+// problem of a batch, and as a call into hopper_plan.cc with two 64-bit
+// divisions it was half of the plan of 1024 problems on the development
+// machine (docs/BENCHMARKS.md, twenty-fourth round).
+inline bool RowsAlignedTo(const DeviceGemmProblem& p, DType input, int64_t bytes) {
+  const int64_t size = static_cast<int64_t>(ElementSize(input));
+  const uint64_t a = reinterpret_cast<uintptr_t>(p.a), b = reinterpret_cast<uintptr_t>(p.b);
+  const uint64_t lda = static_cast<uint64_t>(p.lda * size), ldb = static_cast<uint64_t>(p.ldb * size);
+  const uint64_t n = static_cast<uint64_t>(bytes);
+  if ((n & (n - 1)) == 0) return ((lda | ldb | a | b) & (n - 1)) == 0;
+  return lda % n == 0 && ldb % n == 0 && a % n == 0 && b % n == 0;
+}
 
 // Relative rate per FLOP of the narrower tiles (less reuse of each loaded
 // byte, shorter wgmma instructions). Fitted to single bf16 problems on the

@@ -244,5 +244,34 @@ TEST(HopperPlanTest, RowsAlignedTo) {
   EXPECT_FALSE(RowsAlignedTo(p, DType::kBFloat16, 32));
 }
 
+// The mask it takes for powers of two gives what each operand's address and
+// row pitch modulo `bytes` say, on fresh random problems, for the widths the
+// launcher asks and for one that is not a power of two.
+TEST(HopperPlanTest, RowsAlignedToAgreesWithDivision) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_int_distribution<int64_t> ld(1, 1 << 20), offset(0, 255);
+  for (int i = 0; i < 20000; ++i) {
+    DeviceGemmProblem p = Problem(64, 64, 64);
+    p.lda = ld(rng);
+    p.ldb = ld(rng);
+    // Mostly aligned addresses and pitches, so that both answers occur.
+    if (rng() % 2) p.lda = (p.lda + 15) / 16 * 16;
+    if (rng() % 2) p.ldb = (p.ldb + 15) / 16 * 16;
+    p.a = reinterpret_cast<const void*>(kBase + (rng() % 2 ? 0 : offset(rng)));
+    p.b = reinterpret_cast<const void*>(kBase + 4096 + (rng() % 2 ? 0 : offset(rng)));
+    for (DType input : {DType::kBFloat16, DType::kFloat32}) {
+      const int64_t size = static_cast<int64_t>(ElementSize(input));
+      for (int64_t bytes : {16, 32, 24}) {
+        const bool want = (p.lda * size) % bytes == 0 && (p.ldb * size) % bytes == 0 &&
+                          reinterpret_cast<uintptr_t>(p.a) % bytes == 0 &&
+                          reinterpret_cast<uintptr_t>(p.b) % bytes == 0;
+        ASSERT_EQ(RowsAlignedTo(p, input, bytes), want)
+            << "lda " << p.lda << " ldb " << p.ldb << " a " << p.a << " b " << p.b << " bytes "
+            << bytes << " " << DTypeName(input);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace matmul::cuda
