@@ -29,12 +29,19 @@ absl::Status NotARequest() {
       "request: not a valid matmul.v1.MultiplyRequest message (protobuf parse failed)");
 }
 
-// Reads a length as protobuf's own parser does: at most five bytes
-// (CodedInputStream alone would take ten and drop the high bits); NextTag
-// holds tags to the same.
+// Reads a length as protobuf's own parser does: at most five bytes, and a
+// value that fits 32 bits (CodedInputStream's ReadVarint32 alone would take
+// ten bytes and drop the high bits, so that a fifth byte of 0x40 read as a
+// length of 0 where protobuf refuses the message; callers refuse lengths
+// over INT_MAX as protobuf does); NextTag holds tags to five bytes too.
 bool ReadVarint32Strict(CodedInputStream& in, uint32_t* value) {
   const int before = in.CurrentPosition();
-  return in.ReadVarint32(value) && in.CurrentPosition() - before <= 5;
+  uint64_t wide;
+  if (!in.ReadVarint64(&wide) || in.CurrentPosition() - before > 5 || wide > UINT32_MAX) {
+    return false;
+  }
+  *value = static_cast<uint32_t>(wide);
+  return true;
 }
 
 // Copies the `length` bytes of a length-delimited field (tag and length

@@ -233,6 +233,34 @@ TEST(RequestParserTest, GroupsAreCheckedAsProtobufChecksThem) {
   EXPECT_EQ(rejected, 4) << "protobuf refuses the first four cases and takes the last";
 }
 
+TEST(RequestParserTest, LengthsPast32BitsAreRefusedAsProtobufRefusesThem) {
+  // A five-byte length whose fifth byte carries bits past 32 (found by the
+  // fuzzer: 0x40 there read as a length of 0, and the rest of the bytes as
+  // fields, where protobuf refuses the message), on an unknown-typed field,
+  // on a matrix and on a matrix's data; and the largest five-byte lengths
+  // that fit 32 bits, which are past the message's end.
+  HostBufferPool pool(&Pin, &Unpin, 1 << 30, kMin);
+  const std::string cases[] = {
+      std::string("\x42\x80\x80\x80\x80\x40" "\x38\x05", 8),  // priority as bytes
+      std::string("\x0a\x80\x80\x80\x80\x10", 6),              // a
+      std::string("\x0a\x06\x22\x80\x80\x80\x80\x20", 8),      // a.data
+      std::string("\x42\xff\xff\xff\xff\x0f" "\x38\x05", 8),  // 2^32 - 1
+      std::string("\x42\xff\xff\xff\xff\x07" "\x38\x05", 8),  // 2^31 - 1
+  };
+  for (const std::string& bytes : cases) {
+    v1::MultiplyRequest expected;
+    ASSERT_FALSE(expected.ParseFromString(bytes)) << "protobuf takes case of " << bytes.size();
+    v1::MultiplyRequest parsed;
+    int moved = 0;
+    for (int block : {1, 3, 64}) {
+      absl::Status s = ParseBack(bytes, block, pool, &parsed, &moved);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
+          << "case of " << bytes.size() << " bytes, blocks of " << block << ": " << s;
+    }
+  }
+  EXPECT_EQ(pool.GetStats().in_use_bytes, 0u);
+}
+
 TEST(RequestParserTest, LyingLengthAllocatesNothing) {
   // a = Matrix{data: length 1 GiB} with 10 bytes behind it.
   HostBufferPool pool(&Pin, &Unpin, uint64_t{4} << 30, kMin);
