@@ -40,7 +40,8 @@ void Respond(int fd, absl::string_view status, absl::string_view content_type,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Create(
-    const std::string& address, std::shared_ptr<prometheus::Registry> registry) {
+    const std::string& address, std::shared_ptr<prometheus::Registry> registry,
+    Probes probes) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("metrics address \"", address,
@@ -84,12 +85,17 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Create(
   const int port = ntohs(bound.ss_family == AF_INET6
                              ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                              : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  return std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint(fd, port, std::move(registry)));
+  return std::unique_ptr<MetricsEndpoint>(
+      new MetricsEndpoint(fd, port, std::move(registry), std::move(probes)));
 }
 
 MetricsEndpoint::MetricsEndpoint(int listen_fd, int port,
-                                 std::shared_ptr<prometheus::Registry> registry)
-    : listen_fd_(listen_fd), port_(port), registry_(std::move(registry)) {
+                                 std::shared_ptr<prometheus::Registry> registry,
+                                 Probes probes)
+    : listen_fd_(listen_fd),
+      port_(port),
+      registry_(std::move(registry)),
+      probes_(std::move(probes)) {
   if (pipe2(wake_pipe_, O_CLOEXEC) != 0) wake_pipe_[0] = wake_pipe_[1] = -1;
   thread_ = std::thread([this] { Serve(); });
 }
@@ -144,12 +150,26 @@ void MetricsEndpoint::HandleConnection(int fd) {
   if (path == "/metrics") {
     const std::string body = prometheus::TextSerializer().Serialize(registry_->Collect());
     Respond(fd, "200 OK", "text/plain; version=0.0.4; charset=utf-8", body, head_only);
+  } else if (path == "/healthz") {
+    if (probes_.live == nullptr || probes_.live()) {
+      Respond(fd, "200 OK", "text/plain", "ok\n", head_only);
+    } else {
+      Respond(fd, "503 Service Unavailable", "text/plain", "unhealthy\n", head_only);
+    }
+  } else if (path == "/readyz") {
+    if (probes_.ready == nullptr || probes_.ready()) {
+      Respond(fd, "200 OK", "text/plain", "ready\n", head_only);
+    } else {
+      Respond(fd, "503 Service Unavailable", "text/plain", "not ready\n", head_only);
+    }
   } else if (path == "/") {
     Respond(fd, "200 OK", "text/html",
-            "<html><body>matmul-server: <a href=\"/metrics\">/metrics</a></body></html>\n",
+            "<html><body>matmul-server: <a href=\"/metrics\">/metrics</a>, "
+            "<a href=\"/healthz\">/healthz</a>, <a href=\"/readyz\">/readyz</a></body></html>\n",
             head_only);
   } else {
-    Respond(fd, "404 Not Found", "text/plain", "not found; try /metrics\n", head_only);
+    Respond(fd, "404 Not Found", "text/plain", "not found; try /metrics, /healthz or /readyz\n",
+            head_only);
   }
 }
 

@@ -1,7 +1,13 @@
 // A small HTTP/1.1 endpoint that serves a prometheus-cpp registry at
-// /metrics in the Prometheus text format.
+// /metrics in the Prometheus text format, and the server's health for
+// load balancers and probes that speak HTTP but not gRPC health: /healthz
+// (liveness: 503 only where restarting the process is the way back, as
+// when no device is healthy) and /readyz (200 while the server takes work,
+// 503 while it starts, drains or has no healthy device, as gRPC health).
 //
-//   auto endpoint = MetricsEndpoint::Create("0.0.0.0:9090", registry);
+//   MetricsEndpoint::Probes probes;
+//   probes.ready = [&] { return serving.load(); };
+//   auto endpoint = MetricsEndpoint::Create("0.0.0.0:9090", registry, probes);
 //   int port = (*endpoint)->port();
 //
 // Why not prometheus::Exposer: its civetweb threads run on 100 KB stacks
@@ -16,6 +22,7 @@
 #include <prometheus/registry.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -26,21 +33,33 @@ namespace matmul::server {
 
 class MetricsEndpoint {
  public:
+  // What /healthz and /readyz answer: each called on the endpoint's thread
+  // per request (null: always 200), and callable until the endpoint is
+  // destroyed.
+  struct Probes {
+    std::function<bool()> live;
+    std::function<bool()> ready;
+  };
+
   // Binds `address` ("host:port"; port 0 picks one) and starts serving.
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Create(
-      const std::string& address, std::shared_ptr<prometheus::Registry> registry);
+      const std::string& address, std::shared_ptr<prometheus::Registry> registry,
+      Probes probes = {});
   ~MetricsEndpoint();
 
   int port() const { return port_; }
 
  private:
-  MetricsEndpoint(int listen_fd, int port, std::shared_ptr<prometheus::Registry> registry);
+  MetricsEndpoint(int listen_fd, int port, std::shared_ptr<prometheus::Registry> registry,
+                  Probes probes);
   void Serve();
   void HandleConnection(int fd);
 
   const int listen_fd_;
   const int port_;
   const std::shared_ptr<prometheus::Registry> registry_;
+  // /healthz and /readyz.
+  const Probes probes_;
   // Wakes the serving thread up for shutdown.
   int wake_pipe_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};

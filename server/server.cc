@@ -81,7 +81,9 @@ absl::Status MatmulServer::Start() {
                                          {"engine", std::string(engines.front()->Name())}});
   if (!config_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
-        MetricsEndpoint::Create(config_.metrics_listen, registry_);
+        MetricsEndpoint::Create(config_.metrics_listen, registry_,
+                                {.live = [this] { return !devices_lost_.load(); },
+                                 .ready = [this] { return serving_.load(); }});
     if (!endpoint.ok()) return endpoint.status();
     metrics_endpoint_ = *std::move(endpoint);
     metrics_port_ = metrics_endpoint_->port();
@@ -114,10 +116,9 @@ absl::Status MatmulServer::Start() {
   scheduler_options.on_device_failed = [this](int device, int healthy_left) {
     LOG(ERROR) << "device " << engines_.engines[device]->Device().id
                << " failed and takes no more work; " << healthy_left << " healthy device(s) left";
-    if (healthy_left == 0 && grpc_server_ != nullptr) {
-      grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
-      health->SetServingStatus("", false);
-      health->SetServingStatus(kServiceName, false);
+    if (healthy_left == 0) {
+      devices_lost_.store(true);
+      SetServing(false);
     }
   };
   absl::StatusOr<std::unique_ptr<DynamicBatchScheduler>> scheduler =
@@ -180,10 +181,16 @@ absl::Status MatmulServer::Start() {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.listen,
                                                " (address in use or not available)"));
   }
-  grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
-  health->SetServingStatus("", true);
-  health->SetServingStatus(kServiceName, true);
+  SetServing(true);
   return absl::OkStatus();
+}
+
+void MatmulServer::SetServing(bool serving) {
+  serving_.store(serving);
+  if (grpc_server_ == nullptr) return;
+  grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+  health->SetServingStatus("", serving);
+  health->SetServingStatus(kServiceName, serving);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MatmulServer::Credentials() const {
@@ -274,11 +281,7 @@ bool MatmulServer::Shutdown(absl::Duration grace) {
   if (shut_down_) return drained_;
   shut_down_ = true;
   const absl::Time deadline = absl::Now() + grace;
-  if (grpc_server_ != nullptr) {
-    grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
-    health->SetServingStatus("", false);
-    health->SetServingStatus(kServiceName, false);
-  }
+  SetServing(false);
   if (service_ != nullptr) service_->StartDraining();
   drained_ = scheduler_ == nullptr || scheduler_->Drain(deadline);
   // Accepted work is done or running; keep the listener (answering

@@ -12,6 +12,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
@@ -124,6 +125,8 @@ class MatmulServer {
  private:
   MatmulServer(ServerConfig config, EngineSet engines);
   absl::Status Start();
+  // Sets gRPC health (the whole server and kServiceName) and /readyz.
+  void SetServing(bool serving);
   // Server credentials from the TLS settings.
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials() const;
 
@@ -132,6 +135,12 @@ class MatmulServer {
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<TokenAuthenticator> auth_;
+  // Whether the server takes work: what gRPC health says and /readyz
+  // answers (SetServing). Declared before the endpoint that reads it.
+  std::atomic<bool> serving_{false};
+  // Set once no device is healthy: /healthz then fails, as only a restart
+  // brings a device back from a sticky CUDA error.
+  std::atomic<bool> devices_lost_{false};
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   // Declared before the scheduler: it outlives the jobs that use it.
   std::unique_ptr<MatrixStore> store_;

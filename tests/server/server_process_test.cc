@@ -182,6 +182,8 @@ TEST(ServerProcessTest, SigtermAnswersEveryAcceptedRequestAndExitsZero) {
     ASSERT_TRUE(err.ok()) << err.status();
     EXPECT_LE(*err, 1e-5);
   }
+  // Draining (or gone already): never ready again.
+  EXPECT_NE(HttpGet((*server)->metrics_port(), "/readyz"), "ready\n");
   EXPECT_EQ((*server)->Wait(), 0);
   // Gone: new calls fail UNAVAILABLE.
   absl::StatusOr<v1::MultiplyResponse> after =
@@ -254,6 +256,10 @@ TEST(ServerProcessTest, AFailedDeviceFailsOnlyItsBatchAndTheOthersKeepServing) {
 TEST(ServerProcessTest, WithNoHealthyDeviceLeftHealthSaysNotServing) {
   auto server = ServerProcess::Start({"--backend=cpu", "--inject_device_failure=cpu:0@1"});
   ASSERT_TRUE(server.ok()) << server.status();
+  // HTTP probes on the metrics port say the same as gRPC health.
+  const int http = (*server)->metrics_port();
+  EXPECT_EQ(HttpGet(http, "/readyz"), "ready\n");
+  EXPECT_EQ(HttpGet(http, "/healthz"), "ok\n");
   auto c = client::MatmulClient::Create({.target = (*server)->target()});
   std::mt19937_64 rng(std::random_device{}());
   const auto request = client::RandomRequest({.m = 8, .n = 8, .k = 8}, rng);
@@ -268,6 +274,10 @@ TEST(ServerProcessTest, WithNoHealthyDeviceLeftHealthSaysNotServing) {
   grpc::health::v1::HealthCheckResponse resp;
   ASSERT_TRUE(health->Check(&context, req, &resp).ok());
   EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  // Not ready, and not live either: only a restart brings a device back
+  // from a sticky CUDA error.
+  EXPECT_EQ(HttpGet(http, "/readyz"), "not ready\n");
+  EXPECT_EQ(HttpGet(http, "/healthz"), "unhealthy\n");
 }
 
 // Mean batch size the server reports after 64 callers each send 16 small

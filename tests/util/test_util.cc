@@ -195,7 +195,9 @@ std::unique_ptr<client::MatmulClient> Connect(const server::MatmulServer& server
   return c.ok() ? *std::move(c) : nullptr;
 }
 
-std::string HttpGet(int port, const std::string& path) {
+namespace {
+// The whole response to GET `path` on 127.0.0.1:`port`; empty on failure.
+std::string HttpResponse(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
   sockaddr_in addr{};
@@ -214,8 +216,20 @@ std::string HttpGet(int port, const std::string& path) {
     }
   }
   close(fd);
+  return response;
+}
+}  // namespace
+
+std::string HttpGet(int port, const std::string& path) {
+  const std::string response = HttpResponse(port, path);
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+std::string HttpResponseHead(int port, const std::string& path) {
+  const std::string response = HttpResponse(port, path);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(0, body);
 }
 
 double MetricSum(const std::string& metrics, const std::string& prefix) {

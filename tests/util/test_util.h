@@ -112,6 +112,8 @@ std::unique_ptr<client::MatmulClient> Connect(const server::MatmulServer& server
 
 // GET http://127.0.0.1:<port><path>; returns the body. Empty on failure.
 std::string HttpGet(int port, const std::string& path);
+// The status line and headers of GET `path` on 127.0.0.1:`port`.
+std::string HttpResponseHead(int port, const std::string& path);
 
 // Sum of the values of every sample in Prometheus text `metrics` whose line
 // starts with `prefix` (e.g. "matmul_batch_size_count" or
