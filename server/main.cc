@@ -253,7 +253,8 @@ absl::StatusOr<matmul::server::ServerConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--cuda_resident_row_align must be 16, 32, 64 or 128, got ", align));
   }
-  if (const double flops = absl::GetFlag(FLAGS_max_batch_flops); !(flops >= 0 && std::isfinite(flops))) {
+  if (const double flops = absl::GetFlag(FLAGS_max_batch_flops);
+      !(flops >= 0 && std::isfinite(flops))) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_batch_flops must be >= 0 (0: auto), got ", flops));
   }

@@ -83,7 +83,8 @@ absl::StatusOr<v1::MultiplyRequest> BuildRequest() {
   spec.k = absl::GetFlag(FLAGS_k);
   for (auto [name, value] : {std::pair{"m", spec.m}, {"n", spec.n}, {"k", spec.k}}) {
     if (value < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("--", name, " must be at least 1, got ", value));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " must be at least 1, got ", value));
     }
   }
   spec.alpha = absl::GetFlag(FLAGS_alpha);
