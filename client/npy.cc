@@ -32,11 +32,17 @@ std::optional<DType> DTypeOfDescr(absl::string_view descr) {
 absl::StatusOr<NpyMatrix> ReadNpy(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ParseNpy(bytes, path);
+}
+
+absl::StatusOr<NpyMatrix> ParseNpy(absl::string_view bytes, absl::string_view name) {
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a usable .npy file: ", why));
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not a usable .npy file: ", why));
   };
-  if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) return bad("no NUMPY magic");
+  if (bytes.size() < 10 || bytes.substr(0, 6) != absl::string_view("\x93NUMPY", 6)) {
+    return bad("no NUMPY magic");
+  }
   const int major = static_cast<unsigned char>(bytes[6]);
   size_t header_len, offset;
   if (major == 1) {
@@ -51,7 +57,7 @@ absl::StatusOr<NpyMatrix> ReadNpy(const std::string& path) {
     return bad(absl::StrCat("format version ", major));
   }
   if (bytes.size() < offset + header_len) return bad("truncated header");
-  const std::string header = bytes.substr(offset, header_len);
+  const std::string header(bytes.substr(offset, header_len));
   std::smatch match;
   if (!std::regex_search(header, match, std::regex("'descr':\\s*'([^']*)'"))) return bad("no descr");
   NpyMatrix m;
@@ -71,11 +77,18 @@ absl::StatusOr<NpyMatrix> ReadNpy(const std::string& path) {
   m.rows = shape[0];
   m.cols = shape[1];
   const size_t element = ElementSize(*DTypeOfDescr(m.descr));
-  const size_t expected = m.rows * m.cols * element;
+  // rows x cols x element may not fit 64 bits: a shape whose product wraps
+  // to the bytes present would pass the size check below and send the
+  // Fortran-order copy far past the data.
+  uint64_t expected;
+  if (__builtin_mul_overflow(m.rows, m.cols, &expected) ||
+      __builtin_mul_overflow(expected, uint64_t{element}, &expected)) {
+    return bad(absl::StrCat("shape (", m.rows, ", ", m.cols, ") is too large"));
+  }
   if (bytes.size() - offset - header_len != expected) {
     return bad(absl::StrCat("expected ", expected, " data bytes, found ", bytes.size() - offset - header_len));
   }
-  m.data = bytes.substr(offset + header_len);
+  m.data = std::string(bytes.substr(offset + header_len));
   if (fortran) {  // Column-major on disk: transpose into row-major.
     std::string row_major(m.data.size(), '\0');
     for (uint64_t r = 0; r < m.rows; ++r) {

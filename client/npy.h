@@ -28,6 +28,8 @@ struct NpyMatrix {
 };
 
 absl::StatusOr<NpyMatrix> ReadNpy(const std::string& path);
+// The matrix in the bytes of a .npy file; `name` (the path) prefixes errors.
+absl::StatusOr<NpyMatrix> ParseNpy(absl::string_view bytes, absl::string_view name);
 absl::Status WriteNpy(const std::string& path, const NpyMatrix& matrix);
 
 // "<f4" for float32, ... "<u2" for bfloat16.

@@ -7,6 +7,9 @@
 #include <fstream>
 #include <random>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
 namespace matmul::client {
 namespace {
 
@@ -53,6 +56,37 @@ TEST(NpyTest, FortranOrderComesBackRowMajor) {
   std::memcpy(values.data(), m->data.data(), 24);
   EXPECT_EQ(values, (std::vector<float>{1, 2, 3, 4, 5, 6}));
   unlink(path.c_str());
+}
+
+// A version-1 .npy file with `header` (padded as NumPy pads it) and `data`.
+std::string NpyBytes(std::string header, const std::string& data) {
+  header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
+  header.push_back('\n');
+  std::string file = std::string("\x93NUMPY\x01\x00", 8);
+  file.push_back(static_cast<char>(header.size() & 0xff));
+  file.push_back(static_cast<char>(header.size() >> 8));
+  return file + header + data;
+}
+
+TEST(NpyTest, ShapesWhoseSizeWrapsAreRefused) {
+  // rows x cols x element wraps to 0 or to the bytes present; the Fortran
+  // copy of such a shape wrote far past the data before.
+  for (const char* shape : {"(4294967296, 4294967296)", "(4611686018427387904, 4)",
+                            "(4611686018427387905, 4)"}) {
+    for (const char* order : {"True", "False"}) {
+      SCOPED_TRACE(absl::StrCat(shape, " fortran_order ", order));
+      const std::string header =
+          absl::StrCat("{'descr': '<f4', 'fortran_order': ", order, ", 'shape': ", shape, ", }");
+      // 4611686018427387905 x 4 x 4 wraps to 16: give it 16 bytes.
+      const std::string data(absl::StrContains(shape, "905") ? 16 : 0, '\x01');
+      absl::StatusOr<NpyMatrix> m = ParseNpy(NpyBytes(header, data), "x.npy");
+      ASSERT_FALSE(m.ok());
+      EXPECT_THAT(m.status().message(), HasSubstr("too large"));
+    }
+  }
+  // An ordinary shape still reads.
+  const std::string header = "{'descr': '<f2', 'fortran_order': True, 'shape': (2, 2), }";
+  EXPECT_TRUE(ParseNpy(NpyBytes(header, std::string(8, '\x02')), "ok.npy").ok());
 }
 
 TEST(NpyTest, RejectsWhatItCannotUse) {
