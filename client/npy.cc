@@ -89,7 +89,9 @@ absl::StatusOr<NpyMatrix> ParseNpy(absl::string_view bytes, absl::string_view na
     return bad(absl::StrCat("expected ", expected, " data bytes, found ", bytes.size() - offset - header_len));
   }
   m.data = std::string(bytes.substr(offset + header_len));
-  if (fortran) {  // Column-major on disk: transpose into row-major.
+  // Column-major on disk: transpose into row-major. An empty matrix has
+  // nothing to move (and a shape of (2^32, 0) would loop 2^32 times).
+  if (fortran && !m.data.empty()) {
     std::string row_major(m.data.size(), '\0');
     for (uint64_t r = 0; r < m.rows; ++r) {
       for (uint64_t c = 0; c < m.cols; ++c) {

@@ -84,6 +84,17 @@ TEST(NpyTest, ShapesWhoseSizeWrapsAreRefused) {
       EXPECT_THAT(m.status().message(), HasSubstr("too large"));
     }
   }
+  // An empty matrix with a huge side reads at once (found by the fuzzer: its
+  // Fortran copy looped over 2^32 rows of nothing).
+  for (const char* order : {"True", "False"}) {
+    const std::string header = absl::StrCat(
+        "{'descr': '<f4', 'fortran_order': ", order, ", 'shape': (4294967296, 0), }");
+    absl::StatusOr<NpyMatrix> empty = ParseNpy(NpyBytes(header, ""), "empty.npy");
+    ASSERT_TRUE(empty.ok()) << empty.status();
+    EXPECT_EQ(empty->rows, uint64_t{1} << 32);
+    EXPECT_EQ(empty->cols, 0u);
+    EXPECT_TRUE(empty->data.empty());
+  }
   // An ordinary shape still reads.
   const std::string header = "{'descr': '<f2', 'fortran_order': True, 'shape': (2, 2), }";
   EXPECT_TRUE(ParseNpy(NpyBytes(header, std::string(8, '\x02')), "ok.npy").ok());
