@@ -16,7 +16,7 @@
 //   DeviceGemmProblem run = Tf32AsRun(p, c, copy_a, copy_b);
 //   // run.transpose_b is true: B is K-major.
 //
-// Host-only code (no CUDA calls): tested without a GPU.
+// Host-only code (no CUDA calls), all inline: tested without a GPU.
 #ifndef MATMUL_KERNELS_CUDA_TF32_LAYOUT_H_
 #define MATMUL_KERNELS_CUDA_TF32_LAYOUT_H_
 
@@ -33,31 +33,88 @@ struct Tf32Copies {
   bool b = false;  // B stored k x n, copied to n rows of k.
 };
 
-Tf32Copies Tf32CopiesOf(const DeviceGemmProblem& p, bool register_a);
+// These are inline: the launcher calls them for every problem of a TF32
+// batch, several times, and as calls returning 112-byte problems by value
+// they were most of its plan for 1,024 problems (docs/BENCHMARKS.md,
+// twenty-fifth round).
+
+namespace tf32_internal {
+// Each copy starts on this many bytes of the workspace.
+inline constexpr size_t kCopyAlign = 256;
+inline size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+// TMA reads rows that start on 16 bytes.
+inline bool RowsAligned(const void* base, int64_t ld) {
+  return ((reinterpret_cast<uintptr_t>(base) | static_cast<uintptr_t>(ld * 4)) & 15) == 0;
+}
+}  // namespace tf32_internal
+
+inline Tf32Copies Tf32CopiesOf(const DeviceGemmProblem& p, bool register_a) {
+  if (!register_a) return {p.transpose_a, !p.transpose_b};
+  Tf32Copies c;
+  c.a = p.transpose_a && !tf32_internal::RowsAligned(p.a, p.lda);
+  // A B stored k x n beside an A that stays stored k x m (only one of them
+  // can be the A that goes through registers) is copied, as is one whose
+  // rows do not start on 16 bytes.
+  c.b = !p.transpose_b && ((p.transpose_a && !c.a) || !tf32_internal::RowsAligned(p.b, p.ldb));
+  return c;
+}
 
 // Leading dimension (floats) of the K-major copy of an operand with `k`
 // columns: rows padded to 16 bytes.
-int64_t Tf32CopyLd(int64_t k);
+inline int64_t Tf32CopyLd(int64_t k) {
+  return static_cast<int64_t>(tf32_internal::AlignUp(k * 4, 16) / 4);
+}
 
 // Workspace bytes of such a copy of `rows` rows, rounded up so that the
 // next copy starts on 256 bytes.
-size_t Tf32CopyBytes(int64_t rows, int64_t k);
+inline size_t Tf32CopyBytes(int64_t rows, int64_t k) {
+  return tf32_internal::AlignUp(static_cast<size_t>(rows) * Tf32CopyLd(k) * 4,
+                                tf32_internal::kCopyAlign);
+}
 
 // Bytes of all of `p`'s copies (0 when none).
-size_t Tf32TransposeBytes(const DeviceGemmProblem& p, bool register_a);
+inline size_t Tf32TransposeBytes(const DeviceGemmProblem& p, bool register_a) {
+  const Tf32Copies c = Tf32CopiesOf(p, register_a);
+  return (c.a ? Tf32CopyBytes(p.m, p.k) : 0) + (c.b ? Tf32CopyBytes(p.n, p.k) : 0);
+}
 
 // D^T = op(B)^T op(A)^T as a problem: m and n swap, A and B swap with each
 // one's storage read the other way round, and D (and C) are stored
 // transposed. Transposed(Transposed(p)) is p.
-DeviceGemmProblem Transposed(const DeviceGemmProblem& p);
+inline DeviceGemmProblem Transposed(const DeviceGemmProblem& p) {
+  DeviceGemmProblem t = p;
+  t.m = p.n;
+  t.n = p.m;
+  t.a = p.b;
+  t.lda = p.ldb;
+  t.transpose_a = !p.transpose_b;  // B stored k x n: an A stored k x m.
+  t.b = p.a;
+  t.ldb = p.lda;
+  t.transpose_b = !p.transpose_a;  // A stored m x k: a B stored n x k.
+  t.transpose_d = !p.transpose_d;
+  return t;
+}
 
 // TF32 problem `p` as the Hopper kernel takes it: the operands that
 // `copies` (Tf32CopiesOf(p, either way)) names read from their copies at
 // `copy_a` and `copy_b` (null when only sizing: the kernel's alignment
 // checks pass for null), and a B still stored k x n read as the A of
 // D^T = B^T A^T. The result's B is always K-major.
-DeviceGemmProblem Tf32AsRun(const DeviceGemmProblem& p, const Tf32Copies& copies,
-                            const float* copy_a, const float* copy_b);
+inline DeviceGemmProblem Tf32AsRun(const DeviceGemmProblem& p, const Tf32Copies& copies,
+                                   const float* copy_a, const float* copy_b) {
+  DeviceGemmProblem r = p;
+  if (copies.a) {
+    r.a = copy_a;
+    r.lda = Tf32CopyLd(p.k);
+    r.transpose_a = false;
+  }
+  if (copies.b) {
+    r.b = copy_b;
+    r.ldb = Tf32CopyLd(p.k);
+    r.transpose_b = true;
+  }
+  return r.transpose_b ? r : Transposed(r);
+}
 
 }  // namespace matmul::cuda
 
