@@ -382,7 +382,10 @@ namespace {
 bool HopperReady(const DeviceGemmProblem& p, const GroupedGemmOptions& o) {
   // 16-bit problems run as given: no copy of each (Plan walks every problem).
   if (o.input != DType::kFloat32) return GroupedGemmLauncher::HopperEligible(p, o.input);
-  return GroupedGemmLauncher::HopperEligible(HopperAsRun(p, o), o.input);
+  // TF32: HopperEligible(HopperAsRun(p, o)), without building the problem.
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  return Tf32RunShapeOf(p, Tf32CopiesOf(p, o.hopper_tf32_register_a)).rows_aligned &&
+         p.m < kLimit && p.n < kLimit && p.k < kLimit;
 }
 
 // The SIMT launch's tile side: the option where set; else 128 x 128 tiles
@@ -437,8 +440,11 @@ WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::
     if (paths[i] == Path::kHopper) {
       ++hopper;
       if (o.input == DType::kFloat32) {
-        hopper_tiles += HopperTiles(HopperAsRun(problems[i], o), kHopperSmallN);
-        transposes += Tf32TransposeBytes(problems[i], o.hopper_tf32_register_a);
+        const DeviceGemmProblem& p = problems[i];
+        const Tf32Copies copies = Tf32CopiesOf(p, o.hopper_tf32_register_a);
+        const Tf32RunShape run = Tf32RunShapeOf(p, copies);  // HopperAsRun's m and n.
+        hopper_tiles += CeilDiv(run.m, kHopperTileM) * CeilDivPow2(run.n, kHopperSmallN);
+        transposes += (copies.a ? Tf32CopyBytes(p.m, p.k) : 0) + (copies.b ? Tf32CopyBytes(p.n, p.k) : 0);
       } else {  // As given (HopperAsRun), without a copy of each problem.
         hopper_tiles += HopperTiles(problems[i], kHopperSmallN);
       }
@@ -629,12 +635,13 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
   // `hopper`: the batch's Hopper problems as the kernel takes them. Where
   // that is every problem as given (16-bit inputs, no other path), it is the
   // caller's span: copying 1,024 problems cost a few µs of the plan phase.
-  // Otherwise `selected` holds the Hopper problems, TF32 ones re-laid out:
-  // this thread's buffer, kept between calls, since a fresh one of 112 KiB
-  // for 1,024 problems came from newly mapped pages on every call (the heap
-  // gave them back to the system when it was freed).
+  // Otherwise the first `selected_count` of `selected` hold the Hopper
+  // problems, TF32 ones re-laid out: this thread's buffer, kept between
+  // calls (a fresh one of 112 KiB for 1,024 problems came from newly mapped
+  // pages on every call, the heap having given them back to the system),
+  // and never shrunk or reinitialised: every element used is overwritten.
   thread_local std::vector<DeviceGemmProblem> selected;
-  selected.clear();
+  size_t selected_count = 0;
   absl::Span<const DeviceGemmProblem> hopper;
   const bool as_given = options.input != DType::kFloat32 &&
                         std::all_of(paths.begin(), paths.end(),
@@ -642,7 +649,9 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
   if (as_given) {
     hopper = problems;
   } else {
-    selected.reserve(problems.size());
+    const size_t count = static_cast<size_t>(
+        std::count(paths.begin(), paths.end(), Path::kHopper));
+    if (selected.size() < count) selected.resize(count);
   }
   size_t transpose_at = layout.transposes;
   // TF32: the operands Tf32CopiesOf names are copied K-major into the
@@ -651,25 +660,27 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
   std::vector<TransposeJob> copies;
   for (size_t i = 0; i < problems.size() && !as_given; ++i) {
     if (paths[i] != Path::kHopper) continue;
-    DeviceGemmProblem p = problems[i];
-    if (options.input == DType::kFloat32) {
-      // An operand stored k x `cols` (leading dimension `ld`) into `cols`
-      // rows of k.
-      auto copy = [&](const void* stored, int64_t cols, int64_t ld) {
-        auto* dst = reinterpret_cast<float*>(ws + transpose_at);
-        copies.push_back({static_cast<const float*>(stored), dst, p.k, cols, ld, Tf32CopyLd(p.k)});
-        transpose_at += Tf32CopyBytes(cols, p.k);
-        return dst;
-      };
-      const Tf32Copies c = Tf32CopiesOf(p, options.hopper_tf32_register_a);
-      const float* copy_a = c.a ? copy(p.a, p.m, p.lda) : nullptr;
-      const float* copy_b = c.b ? copy(p.b, p.n, p.ldb) : nullptr;
-      p = Tf32AsRun(p, c, copy_a, copy_b);
-      if (!HopperEligible(p, DType::kFloat32)) {
-        return absl::InvalidArgumentError("TF32 operands must be 16-byte aligned");
-      }
+    const DeviceGemmProblem& p = problems[i];
+    if (options.input != DType::kFloat32) {
+      selected[selected_count++] = p;
+      continue;
     }
-    selected.push_back(p);
+    // An operand stored k x `cols` (leading dimension `ld`) into `cols`
+    // rows of k.
+    auto copy = [&](const void* stored, int64_t cols, int64_t ld) {
+      auto* dst = reinterpret_cast<float*>(ws + transpose_at);
+      copies.push_back({static_cast<const float*>(stored), dst, p.k, cols, ld, Tf32CopyLd(p.k)});
+      transpose_at += Tf32CopyBytes(cols, p.k);
+      return dst;
+    };
+    const Tf32Copies c = Tf32CopiesOf(p, options.hopper_tf32_register_a);
+    const float* copy_a = c.a ? copy(p.a, p.m, p.lda) : nullptr;
+    const float* copy_b = c.b ? copy(p.b, p.n, p.ldb) : nullptr;
+    DeviceGemmProblem& run = selected[selected_count++];
+    Tf32AsRunInto(p, c, copy_a, copy_b, &run);
+    if (!HopperEligible(run, DType::kFloat32)) {
+      return absl::InvalidArgumentError("TF32 operands must be 16-byte aligned");
+    }
   }
   if (!copies.empty()) {
     if (auto s = check(LaunchTransposes32(copies.data(), static_cast<int>(copies.size()), stream,
@@ -678,7 +689,7 @@ absl::Status GroupedGemmLauncher::Run(absl::Span<const DeviceGemmProblem> proble
       return s;
     }
   }
-  if (!as_given) hopper = selected;
+  if (!as_given) hopper = absl::MakeConstSpan(selected.data(), selected_count);
   if (!hopper.empty()) {
     const HopperShape shape = ChooseHopperShape(hopper, options, num_sms_, max_clusters_);
     const int tile_n = shape.tile_n;

@@ -95,25 +95,68 @@ inline DeviceGemmProblem Transposed(const DeviceGemmProblem& p) {
   return t;
 }
 
-// TF32 problem `p` as the Hopper kernel takes it: the operands that
-// `copies` (Tf32CopiesOf(p, either way)) names read from their copies at
-// `copy_a` and `copy_b` (null when only sizing: the kernel's alignment
-// checks pass for null), and a B still stored k x n read as the A of
-// D^T = B^T A^T. The result's B is always K-major.
+// TF32 problem `p` as the Hopper kernel takes it, written into `*run`
+// field by field: the operands that `copies` (Tf32CopiesOf(p, either way))
+// names read from their copies at `copy_a` and `copy_b` (null when only
+// sizing: the kernel's alignment checks pass for null), and a B still
+// stored k x n read as the A of D^T = B^T A^T (Transposed). The result's B
+// is always K-major. (Built as a copy of `p` with bytes then written into
+// it and the whole copied again, a problem cost the launcher a stalled
+// load per field written: 16 ns each, most of a 1,024-problem TF32 plan.)
+inline void Tf32AsRunInto(const DeviceGemmProblem& p, const Tf32Copies& copies,
+                          const float* copy_a, const float* copy_b, DeviceGemmProblem* run) {
+  static_assert(sizeof(DeviceGemmProblem) == 112, "write the new field below too");
+  const void* a = copies.a ? copy_a : p.a;
+  const int64_t lda = copies.a ? Tf32CopyLd(p.k) : p.lda;
+  const bool transpose_a = copies.a ? false : p.transpose_a;
+  const void* b = copies.b ? copy_b : p.b;
+  const int64_t ldb = copies.b ? Tf32CopyLd(p.k) : p.ldb;
+  const bool transpose_b = copies.b ? true : p.transpose_b;
+  const bool transposed = !transpose_b;
+  run->m = transposed ? p.n : p.m;
+  run->n = transposed ? p.m : p.n;
+  run->k = p.k;
+  run->a = transposed ? b : a;
+  run->lda = transposed ? ldb : lda;
+  run->transpose_a = transposed ? !transpose_b : transpose_a;
+  run->b = transposed ? a : b;
+  run->ldb = transposed ? lda : ldb;
+  run->transpose_b = transposed ? !transpose_a : transpose_b;
+  run->c = p.c;
+  run->ldc = p.ldc;
+  run->d = p.d;
+  run->ldd = p.ldd;
+  run->alpha = p.alpha;
+  run->beta = p.beta;
+  run->transpose_d = transposed ? !p.transpose_d : p.transpose_d;
+}
+
+// Tf32AsRunInto, returned.
 inline DeviceGemmProblem Tf32AsRun(const DeviceGemmProblem& p, const Tf32Copies& copies,
                                    const float* copy_a, const float* copy_b) {
-  DeviceGemmProblem r = p;
-  if (copies.a) {
-    r.a = copy_a;
-    r.lda = Tf32CopyLd(p.k);
-    r.transpose_a = false;
-  }
-  if (copies.b) {
-    r.b = copy_b;
-    r.ldb = Tf32CopyLd(p.k);
-    r.transpose_b = true;
-  }
-  return r.transpose_b ? r : Transposed(r);
+  DeviceGemmProblem run;
+  Tf32AsRunInto(p, copies, copy_a, copy_b, &run);
+  return run;
+}
+
+// What the launcher's plan needs of Tf32AsRun(p, copies, ...) for sizing,
+// without building it: its rows and columns (swapped when it runs
+// transposed) and whether its operands' rows start on 16 bytes (copies
+// always do). Tf32AsRun's alignment check reads A and B alike, so which of
+// them ends up as the kernel's A does not matter.
+struct Tf32RunShape {
+  int64_t m = 0, n = 0;
+  bool rows_aligned = false;
+};
+
+inline Tf32RunShape Tf32RunShapeOf(const DeviceGemmProblem& p, const Tf32Copies& copies) {
+  const bool transposed = !copies.b && !p.transpose_b;
+  Tf32RunShape s;
+  s.m = transposed ? p.n : p.m;
+  s.n = transposed ? p.m : p.n;
+  s.rows_aligned = (copies.a || tf32_internal::RowsAligned(p.a, p.lda)) &&
+                   (copies.b || tf32_internal::RowsAligned(p.b, p.ldb));
+  return s;
 }
 
 }  // namespace matmul::cuda

@@ -172,5 +172,41 @@ TEST(Tf32LayoutTest, TransposedTwiceIsTheProblem) {
   EXPECT_EQ(back.d, p.d);
 }
 
+// The plan's shortcut (Tf32RunShapeOf) gives the rows, columns and row
+// alignment of the problem Tf32AsRun builds, for random layouts, sizes,
+// base addresses and leading dimensions, both ways, with copies at null
+// (as the plan sizes them) or in a workspace.
+TEST(Tf32LayoutTest, RunShapeMatchesTheProblemAsRun) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_int_distribution<int64_t> dim(1, 5000), pad(0, 9), offset(0, 7);
+  auto aligned = [](const DeviceGemmProblem& r) {
+    return ((reinterpret_cast<uintptr_t>(r.a) | reinterpret_cast<uintptr_t>(r.b) |
+             static_cast<uintptr_t>(r.lda * 4) | static_cast<uintptr_t>(r.ldb * 4)) & 15) == 0;
+  };
+  for (int i = 0; i < 20000; ++i) {
+    DeviceGemmProblem p;
+    p.m = dim(rng);
+    p.n = dim(rng);
+    p.k = dim(rng);
+    p.transpose_a = rng() & 1;
+    p.transpose_b = rng() & 1;
+    p.lda = (p.transpose_a ? p.m : p.k) + pad(rng);
+    p.ldb = (p.transpose_b ? p.k : p.n) + pad(rng);
+    p.ldc = p.ldd = p.n;
+    p.a = reinterpret_cast<const void*>(uintptr_t{1 << 20} + 4 * offset(rng));
+    p.b = reinterpret_cast<const void*>(uintptr_t{1 << 24} + 4 * offset(rng));
+    const bool register_a = rng() & 1;
+    const Tf32Copies copies = Tf32CopiesOf(p, register_a);
+    const float* workspace = reinterpret_cast<const float*>(uintptr_t{1} << 30);
+    for (const float* copy : {static_cast<const float*>(nullptr), workspace}) {
+      const DeviceGemmProblem run = Tf32AsRun(p, copies, copy, copy);
+      const Tf32RunShape shape = Tf32RunShapeOf(p, copies);
+      ASSERT_EQ(shape.m, run.m) << "problem " << i;
+      ASSERT_EQ(shape.n, run.n) << "problem " << i;
+      ASSERT_EQ(shape.rows_aligned, aligned(run)) << "problem " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace matmul::cuda
