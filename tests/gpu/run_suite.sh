@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs the GPU part of the suite on a machine with an NVIDIA GPU, from built
-# binaries: the kernel and engine tests, then the kernel benchmark.
+# binaries: the kernel and engine tests, then the kernel benchmark and the
+# engine's small-batch latency (engine-bench).
 #
 #   tests/gpu/run_suite.sh BIN_DIR OUT_DIR [quick|full]
 #
-# BIN_DIR holds grouped_gemm_test, cuda_engine_test and gemm-bench (and a
-# lib/ beside it when the shared libraries travel with them). Logs and the
-# benchmark JSON go to OUT_DIR; a summary table is printed last.
+# BIN_DIR holds grouped_gemm_test, cuda_engine_test, gemm-bench and
+# engine-bench (and a lib/ beside them when the shared libraries travel with
+# them). Logs and the benchmarks' JSON go to OUT_DIR; a summary table is
+# printed last.
 set -uo pipefail
 bin=$1 out=$2 mode=${3:-full}
 mkdir -p "$out"
@@ -21,6 +23,8 @@ if [[ $mode == quick ]]; then
 else
   run gemm_bench 540 "$bin/gemm-bench" --json="$out/gemm_bench.json"
 fi
+run engine_bench 120 "$bin/engine-bench" --json="$out/engine_bench.json"
 grep -hE 'Failure|error:|Expected|Which is|LE\(|problem [0-9]+' "$out"/grouped_gemm_test.log "$out"/cuda_engine_test.log | head -40
 cat "$out/gemm_bench.log" | tail -60
+grep -A12 '^dtype' "$out/engine_bench.log"
 printf '%s\n' "${summary[@]}"
