@@ -172,8 +172,18 @@ TEST(Tf32LayoutTest, TransposedTwiceIsTheProblem) {
   EXPECT_EQ(back.d, p.d);
 }
 
-// The plan's shortcut (Tf32RunShapeOf) gives the rows, columns and row
-// alignment of the problem Tf32AsRun builds, for random layouts, sizes,
+// Every field of two problems equal (their padding is not compared).
+bool SameProblem(const DeviceGemmProblem& x, const DeviceGemmProblem& y) {
+  static_assert(sizeof(DeviceGemmProblem) == 112, "compare the new field too");
+  return x.m == y.m && x.n == y.n && x.k == y.k && x.lda == y.lda && x.ldb == y.ldb &&
+         x.ldc == y.ldc && x.ldd == y.ldd && x.a == y.a && x.b == y.b && x.c == y.c && x.d == y.d &&
+         x.alpha == y.alpha && x.beta == y.beta && x.transpose_a == y.transpose_a &&
+         x.transpose_b == y.transpose_b && x.transpose_d == y.transpose_d;
+}
+
+// Tf32AsRun builds the problem field for field as the copies-then-transpose
+// definition does, and the plan's shortcut (Tf32RunShapeOf) gives its rows,
+// columns and row alignment, for random layouts, sizes,
 // base addresses and leading dimensions, both ways, with copies at null
 // (as the plan sizes them) or in a workspace.
 TEST(Tf32LayoutTest, RunShapeMatchesTheProblemAsRun) {
@@ -192,7 +202,13 @@ TEST(Tf32LayoutTest, RunShapeMatchesTheProblemAsRun) {
     p.transpose_b = rng() & 1;
     p.lda = (p.transpose_a ? p.m : p.k) + pad(rng);
     p.ldb = (p.transpose_b ? p.k : p.n) + pad(rng);
-    p.ldc = p.ldd = p.n;
+    p.ldc = p.n + pad(rng);
+    p.ldd = p.n + pad(rng);
+    p.c = reinterpret_cast<const void*>(uintptr_t{1 << 26} + 4 * offset(rng));
+    p.d = reinterpret_cast<void*>(uintptr_t{1 << 28} + 4 * offset(rng));
+    p.alpha = 1.0 + static_cast<double>(offset(rng));
+    p.beta = -static_cast<double>(offset(rng));
+    p.transpose_d = rng() & 1;
     p.a = reinterpret_cast<const void*>(uintptr_t{1 << 20} + 4 * offset(rng));
     p.b = reinterpret_cast<const void*>(uintptr_t{1 << 24} + 4 * offset(rng));
     const bool register_a = rng() & 1;
@@ -200,6 +216,22 @@ TEST(Tf32LayoutTest, RunShapeMatchesTheProblemAsRun) {
     const float* workspace = reinterpret_cast<const float*>(uintptr_t{1} << 30);
     for (const float* copy : {static_cast<const float*>(nullptr), workspace}) {
       const DeviceGemmProblem run = Tf32AsRun(p, copies, copy, copy);
+      // The problem as run, built the way Tf32AsRun was defined before it
+      // wrote each field once: the copies, then Transposed where B is
+      // still stored k x n. Every field must agree.
+      DeviceGemmProblem expected = p;
+      if (copies.a) {
+        expected.a = copy;
+        expected.lda = Tf32CopyLd(p.k);
+        expected.transpose_a = false;
+      }
+      if (copies.b) {
+        expected.b = copy;
+        expected.ldb = Tf32CopyLd(p.k);
+        expected.transpose_b = true;
+      }
+      if (!expected.transpose_b) expected = Transposed(expected);
+      ASSERT_TRUE(SameProblem(run, expected)) << "problem " << i;
       const Tf32RunShape shape = Tf32RunShapeOf(p, copies);
       ASSERT_EQ(shape.m, run.m) << "problem " << i;
       ASSERT_EQ(shape.n, run.n) << "problem " << i;
