@@ -294,10 +294,13 @@ TEST(ServerTest, DeadlinePassingInTheQueueAnswersDeadlineExceeded) {
       c->Multiply(client::RandomRequest({.m = 4, .n = 4, .k = 4}, Rng()));
   EXPECT_EQ(timed_out.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(timed_out.status().message(), HasSubstr("queued"));
-  // A client deadline does the same.
+  // A client deadline does the same. It is long enough for the call to be
+  // queued before it passes even on a loaded machine: with 100 ms, a CI run
+  // on two busy cores saw the call expire before the server counted it as
+  // queued, and the wait for the metric below never ended.
   AsyncCall second;
   second.request = client::RandomRequest({.m = 4, .n = 4, .k = 4}, Rng());
-  second.context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  second.context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
   second.Start(*c);
   second.done.WaitForNotification();
   EXPECT_EQ(second.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
