@@ -444,7 +444,7 @@ WorkspaceLayout Layout(absl::Span<const DeviceGemmProblem> problems, const std::
         const Tf32Copies copies = Tf32CopiesOf(p, o.hopper_tf32_register_a);
         const Tf32RunShape run = Tf32RunShapeOf(p, copies);  // HopperAsRun's m and n.
         hopper_tiles += CeilDiv(run.m, kHopperTileM) * CeilDivPow2(run.n, kHopperSmallN);
-        transposes += (copies.a ? Tf32CopyBytes(p.m, p.k) : 0) + (copies.b ? Tf32CopyBytes(p.n, p.k) : 0);
+        transposes += Tf32TransposeBytes(p, copies);
       } else {  // As given (HopperAsRun), without a copy of each problem.
         hopper_tiles += HopperTiles(problems[i], kHopperSmallN);
       }

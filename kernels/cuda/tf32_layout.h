@@ -72,10 +72,14 @@ inline size_t Tf32CopyBytes(int64_t rows, int64_t k) {
                                 tf32_internal::kCopyAlign);
 }
 
+// Bytes of the copies `c` (Tf32CopiesOf(p, ...)) names (0 when none).
+inline size_t Tf32TransposeBytes(const DeviceGemmProblem& p, const Tf32Copies& c) {
+  return (c.a ? Tf32CopyBytes(p.m, p.k) : 0) + (c.b ? Tf32CopyBytes(p.n, p.k) : 0);
+}
+
 // Bytes of all of `p`'s copies (0 when none).
 inline size_t Tf32TransposeBytes(const DeviceGemmProblem& p, bool register_a) {
-  const Tf32Copies c = Tf32CopiesOf(p, register_a);
-  return (c.a ? Tf32CopyBytes(p.m, p.k) : 0) + (c.b ? Tf32CopyBytes(p.n, p.k) : 0);
+  return Tf32TransposeBytes(p, Tf32CopiesOf(p, register_a));
 }
 
 // D^T = op(B)^T op(A)^T as a problem: m and n swap, A and B swap with each
