@@ -42,21 +42,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_engine.h"
+#include "kernels/bench/check_cuda.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/reference_gemm.h"
 
 namespace matmul {
 namespace {
-
-#define CHECK_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    cudaError_t e_ = (expr);                                                              \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                 \
-                   cudaGetErrorString(e_));                                               \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 // Parameters as large as the Hopper kernel's (templates and an inline
 // batch of 16 problems with their maps: about 9 KiB).

@@ -74,22 +74,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/bench/check_cuda.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/half.h"
 #include "kernels/reference_gemm.h"
 
 namespace matmul::cuda {
 namespace {
-
-#define CHECK_CUDA(expr)                                                                    \
-  do {                                                                                      \
-    cudaError_t e_ = (expr);                                                                \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                   \
-                   CudaErrorString(e_).c_str());                                            \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 #define CHECK_OK(expr)                                                                      \
   do {                                                                                      \
